@@ -1,0 +1,302 @@
+"""Typed job configuration: dataclasses, YAML presets and ``--set key=value`` overrides.
+
+Every section is a dataclass; a component that owns a section defines it next to its
+code (``ParallelConfig`` lives in ``train.parallel.config``, ``CommConfig`` in
+``train.comm.config``...) and this module only assembles them. Loading is strict:
+unknown keys, wrong types and impossible values raise :class:`ConfigError` naming the
+dotted key, before any process group or tensor exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.comm.config import CommConfig
+from train.models.presets import MODEL_PRESETS, ModelConfig
+from train.parallel.config import ParallelConfig
+from train.precision.config import Float8Config
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A user error in the job configuration; the message names the key."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "embedded"  # embedded | file | synthetic
+    path: str = ""  # token file for source=file (a .json metadata file sits beside it)
+    cache_dir: str = ""  # where the embedded corpus is cached ("" = ~/.cache/hopper-train)
+    embedded_mb: int = 8  # size cap of the embedded corpus, MiB of source text
+
+    def validate(self) -> None:
+        if self.source not in ("embedded", "file", "synthetic"):
+            raise ConfigError(f"data.source: must be embedded, file or synthetic, got {self.source!r}")
+        if self.source == "file" and not self.path:
+            raise ConfigError("data.path: required when data.source=file")
+        if self.embedded_mb <= 0:
+            raise ConfigError(f"data.embedded_mb: must be > 0, got {self.embedded_mb}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 20
+    decay_steps: int = 0  # length of the cosine schedule; 0 = train.steps
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr: must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"optim.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ConfigError("optim.warmup_steps / optim.decay_steps: must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"optim.{name}: must be in [0, 1)")
+        if self.grad_clip < 0:
+            raise ConfigError(f"optim.grad_clip: must be >= 0, got {self.grad_clip}")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    seq_len: int = 128
+    batch_size: int = 8  # micro-batch per rank
+    global_batch_size: int = 0  # sequences per optimizer step; 0 = batch_size * dp ranks
+    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)
+    seed: int = 1234
+    log_every: int = 10
+    device: str = "auto"  # auto | cuda | cpu
+    nan_policy: str = "stop"  # stop | skip (skip the update, at most max_nan_skips times)
+    max_nan_skips: int = 5
+    timeout_s: int = 600  # process-group timeout: a hung collective ends the job after this
+    shutdown_grace_s: int = 120  # SIGTERM: finish the step, checkpoint, exit within this
+
+    def validate(self) -> None:
+        for name in ("steps", "seq_len", "batch_size", "log_every", "timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name}: must be > 0, got {getattr(self, name)}")
+        if self.global_batch_size < 0:
+            raise ConfigError(f"train.global_batch_size: must be >= 0, got {self.global_batch_size}")
+        if self.precision not in ("auto", "bf16", "fp16", "fp32"):
+            raise ConfigError(f"train.precision: must be auto, bf16, fp16 or fp32, got {self.precision!r}")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ConfigError(f"train.device: must be auto, cuda or cpu, got {self.device!r}")
+        if self.nan_policy not in ("stop", "skip"):
+            raise ConfigError(f"train.nan_policy: must be stop or skip, got {self.nan_policy!r}")
+        if self.max_nan_skips < 0 or self.shutdown_grace_s < 0:
+            raise ConfigError("train.max_nan_skips / train.shutdown_grace_s: must be >= 0")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # steps between checkpoints; 0 = only at the end
+    keep: int = 3  # complete checkpoints to retain (0 = keep all)
+    final: bool = True  # write one at the last step
+    resume: str = "auto"  # auto (resume when a checkpoint exists under torchrun restarts) | never | always
+
+    def validate(self) -> None:
+        if self.every < 0 or self.keep < 0:
+            raise ConfigError("checkpoint.every / checkpoint.keep: must be >= 0")
+        if self.resume not in ("auto", "never", "always"):
+            raise ConfigError(f"checkpoint.resume: must be auto, never or always, got {self.resume!r}")
+
+
+@dataclass
+class MetricsConfig:
+    peak_tflops: float = 0.0  # dense bf16 peak per GPU for MFU; 0 = detect from the GPU name
+    tensorboard: bool = False
+    progress: bool = True  # rank-0 progress bar
+
+    def validate(self) -> None:
+        if self.peak_tflops < 0:
+            raise ConfigError(f"metrics.peak_tflops: must be >= 0, got {self.peak_tflops}")
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    fp8: Float8Config = field(default_factory=Float8Config)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate()
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ConfigError(
+                f"train.seq_len: {self.train.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotated type; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {tp}, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null, got {value!r}")
+    if origin in (list, tuple):
+        (elem,) = typing.get_args(tp)[:1] or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigError(f"{key}: unsupported field type {tp}")
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            valid = ", ".join(sorted(names))
+            raise ConfigError(f"{dotted}: unknown key (valid keys: {valid})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            _apply(current, value, f"{dotted}.")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], dotted))
+
+
+def _apply_model_preset(cfg: JobConfig, model_section: dict[str, Any]) -> None:
+    name = model_section.get("name", cfg.model.name)
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"model.name: unknown preset {name!r} (valid: {', '.join(MODEL_PRESETS)})")
+    cfg.model = dataclasses.replace(MODEL_PRESETS[name])
+
+
+def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
+    """``["a.b=3", "c=x"]`` -> nested dict with YAML-typed values."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: empty key")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A file path, or the name of a preset under train/configs (``tiny``, ``debug``...)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    preset = CONFIG_DIR / f"{path}.yaml"
+    if preset.is_file():
+        return preset
+    if p.exists():
+        raise ConfigError(f"--config {path}: is not a file")
+    names = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config {path}: no such file or preset (presets: {names})")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"--config {path}: malformed YAML{where}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: cannot read ({exc.__class__.__name__})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: top level must be a mapping")
+    return data
+
+
+def build_config(data: dict[str, Any]) -> JobConfig:
+    cfg = JobConfig()
+    model_section = data.get("model") or {}
+    if not isinstance(model_section, dict):
+        raise ConfigError("model: expected a mapping")
+    _apply_model_preset(cfg, model_section)
+    _apply(cfg, data, "")
+    cfg.validate()
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> JobConfig:
+    data: dict[str, Any] = load_yaml(resolve_config_path(path)) if path else {}
+    data = _merge(data, parse_overrides(overrides))
+    return build_config(data)

@@ -1,0 +1,192 @@
+"""Token streams for training.
+
+Three sources, one interface (``next_batch()`` plus ``state_dict()``/``load_state_dict()``):
+
+* ``embedded``: real text with no download. A byte-level corpus built once from the
+  Python standard library's own ``.py`` files (present wherever Python is), cached as a
+  memory-mapped uint16 token file. Vocabulary: 256 byte values.
+* ``file``: a user token file, nanoGPT style: a flat uint16/uint32 array (``x.bin``)
+  with ``x.json`` beside it: ``{"dtype": "uint16", "vocab_size": 50257}``.
+* ``synthetic``: seeded random tokens, for benchmarks.
+
+Sampling: the stream is cut into non-overlapping windows of ``seq_len + 1`` tokens. Each
+epoch shuffles the windows with a permutation seeded by (seed, epoch), identical on all
+ranks; data-parallel rank r takes windows r, r + W, r + 2W... so shards are disjoint.
+The position (epoch, cursor) is saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+EMBEDDED_VOCAB = 256
+_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+class DataError(RuntimeError):
+    """A problem with the training data that the user must fix (missing, truncated...)."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hopper-train"
+
+
+def _stdlib_sources() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def build_embedded_corpus(cache_dir: Path, max_mb: int) -> Path:
+    """Write (once) the embedded byte-level corpus and return its path.
+
+    The file is written to a temporary name and renamed, so concurrent ranks and
+    interrupted builds never see a partial file.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"stdlib-bytes-{max_mb}mb.bin"
+    if path.exists():
+        return path
+    limit = max_mb * 1024 * 1024
+    chunks, total = [], 0
+    for src in _stdlib_sources():
+        try:
+            data = src.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data + b"\n\n")
+        total += len(data) + 2
+        if total >= limit:
+            break
+    blob = b"".join(chunks)[:limit]
+    if len(blob) < 1 << 20:
+        raise DataError(f"embedded corpus: only {len(blob)} bytes of stdlib source found under {sysconfig.get_paths()['stdlib']}")
+    tokens = np.frombuffer(blob, dtype=np.uint8).astype(np.uint16)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "wb") as fh:
+        tokens.tofile(fh)
+    os.replace(tmp, path)
+    return path
+
+
+def open_token_file(path: Path) -> tuple[np.memmap, int]:
+    """Open a user token file; returns (tokens, vocab_size). Errors name the file."""
+    meta_path = path.with_suffix(".json")
+    if not path.is_file():
+        raise DataError(f"data.path: token file {path} does not exist")
+    if not meta_path.is_file():
+        raise DataError(f"data.path: metadata {meta_path} is missing (needs dtype and vocab_size)")
+    try:
+        meta = json.loads(meta_path.read_text())
+        dtype = _DTYPES[meta["dtype"]]
+        vocab = int(meta["vocab_size"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"data.path: metadata {meta_path} is invalid ({exc.__class__.__name__}: {exc})") from None
+    size = path.stat().st_size
+    itemsize = np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise DataError(f"data.path: {path} is truncated ({size} bytes is not a multiple of {itemsize})")
+    if "num_tokens" in meta and int(meta["num_tokens"]) != size // itemsize:
+        raise DataError(f"data.path: {path} is truncated: {size // itemsize} tokens, metadata says {meta['num_tokens']}")
+    return np.memmap(path, dtype=dtype, mode="r"), vocab
+
+
+def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
+    """Write a token file + metadata in the format :func:`open_token_file` reads."""
+    dtype = "uint16" if vocab_size <= 65536 else "uint32"
+    arr = np.asarray(tokens, dtype=_DTYPES[dtype])
+    arr.tofile(path)
+    path.with_suffix(".json").write_text(
+        json.dumps({"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(arr.size)})
+    )
+
+
+@dataclass
+class ShardInfo:
+    rank: int = 0  # data-parallel rank
+    world: int = 1  # data-parallel world size
+
+
+class TokenLoader:
+    """Disjoint, resumable per-rank batches of (inputs, targets)."""
+
+    def __init__(self, tokens, seq_len: int, batch_size: int, shard: ShardInfo, seed: int,
+                 vocab_size: int, synthetic: bool = False):
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.shard = shard
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.synthetic = synthetic
+        self.window = seq_len + 1
+        self.num_windows = (len(tokens) // self.window) if not synthetic else 1 << 30
+        per_rank = self.num_windows // shard.world
+        if per_rank < batch_size:
+            raise DataError(
+                f"data: {self.num_windows} windows of {self.window} tokens cannot fill a batch of "
+                f"{batch_size} on each of {shard.world} ranks"
+            )
+        self.per_rank = per_rank
+        self.epoch = 0
+        self.cursor = 0  # windows consumed by this rank in the current epoch
+        self._perm: np.ndarray | None = None
+
+    def _permutation(self) -> np.ndarray:
+        if self._perm is None:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            self._perm = rng.permutation(self.num_windows)
+        return self._perm
+
+    def _window(self, k: int) -> np.ndarray:
+        if self.synthetic:
+            rng = np.random.default_rng([self.seed, self.epoch, k])
+            return rng.integers(0, self.vocab_size, size=self.window, dtype=np.int64)
+        start = int(self._permutation()[k]) * self.window
+        return np.asarray(self.tokens[start:start + self.window], dtype=np.int64)
+
+    def window_ids(self, count: int) -> list[int]:
+        """Global window indices this rank reads next (for tests of disjointness)."""
+        return [(self.cursor + i) * self.shard.world + self.shard.rank for i in range(count)]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cursor + self.batch_size > self.per_rank:
+            self.epoch += 1
+            self.cursor = 0
+            self._perm = None
+        ids = self.window_ids(self.batch_size)
+        self.cursor += self.batch_size
+        batch = torch.from_numpy(np.stack([self._window(k) for k in ids]))
+        return batch[:, :-1], batch[:, 1:]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "world": self.shard.world, "rank": self.shard.rank}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"])
+        self._perm = None
+
+
+def build_loader(data_cfg, seq_len: int, batch_size: int, shard: ShardInfo, seed: int,
+                 model_vocab: int) -> TokenLoader:
+    if data_cfg.source == "synthetic":
+        return TokenLoader(np.zeros(0, np.uint16), seq_len, batch_size, shard, seed, model_vocab, synthetic=True)
+    if data_cfg.source == "embedded":
+        cache = Path(data_cfg.cache_dir) if data_cfg.cache_dir else default_cache_dir()
+        path = build_embedded_corpus(cache, data_cfg.embedded_mb)
+        tokens, vocab = np.memmap(path, dtype=np.uint16, mode="r"), EMBEDDED_VOCAB
+    else:
+        tokens, vocab = open_token_file(Path(data_cfg.path))
+    if vocab > model_vocab:
+        raise DataError(f"model.vocab_size: {model_vocab} is smaller than the data's vocabulary ({vocab})")
+    return TokenLoader(tokens, seq_len, batch_size, shard, seed, vocab)
