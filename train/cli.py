@@ -118,5 +118,9 @@ def _print_summary(s, out_dir: Path) -> None:
     click.echo("\n".join(lines))
 
 
+from train.bench.cli import bench  # noqa: E402
+
+main.add_command(bench)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,58 @@
+# Two commands do all the set-up on a fresh machine:  make demo  and  make test.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The torch requirement. On machines like our CI, `torch==2.13.0` resolves to a CPU wheel
+# on local disk; on a GPU host it is PyPI's CUDA build. Inside NGC containers torch is
+# already installed: it is detected below and never reinstalled.
+TORCH_SPEC ?= torch==2.13.0
+SYSTEM_HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
+EXTRAS ?= train,dev
+# Processes for the demo: one per GPU when there are at least 2, else 2 CPU processes.
+NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+NPROC ?= $(if $(filter-out 0 1,$(NGPUS)),$(NGPUS),2)
+DEMO_OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+PYTEST_ARGS ?=
+
+.PHONY: help setup demo test lint render-k8s clean-venv
+
+help:  ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@if [ ! -x "$(PY)" ]; then \
+	  if [ "$(SYSTEM_HAS_TORCH)" = yes ]; then \
+	    echo "torch found in $(PYTHON) (NGC image?): venv shares it, torch is not reinstalled"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi
+	@if ! $(PY) -c 'import torch' >/dev/null 2>&1; then \
+	  echo "installing $(TORCH_SPEC)"; \
+	  $(PY) -m pip install --disable-pip-version-check -q "$(TORCH_SPEC)"; \
+	fi
+	$(PY) -m pip install --disable-pip-version-check -q -e ".[$(EXTRAS)]"
+	@touch $@
+
+setup: $(VENV)/.installed  ## create .venv and install the project (idempotent)
+
+demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GPUs: one process per GPU, NCCL + bf16)
+	@echo "demo: $(NPROC) processes, output in $(DEMO_OUT)"
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) \
+	  -m train run --config tiny --out "$(DEMO_OUT)"
+
+test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+render-k8s: setup  ## re-render the committed Kubeflow PyTorchJob manifests under k8s/
+	$(PY) -m launch.render_examples
+
+clean-venv:  ## remove .venv
+	rm -rf $(VENV)
+
+-include docker/docker.mk

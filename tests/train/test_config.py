@@ -1,0 +1,94 @@
+import dataclasses
+
+import pytest
+
+from dist_utils import train_cli
+from train.config import ConfigError, load_config, parse_overrides
+from train.models.presets import MODEL_PRESETS
+from train.parallel.config import resolve_mesh
+from train.preflight import check_job
+
+
+def test_presets_load_and_match_llama3_8b():
+    for name in ("tiny", "debug", "125m", "350m", "1b", "3b", "8b"):
+        cfg = load_config(name)
+        assert cfg.model.name == name
+    m = MODEL_PRESETS["8b"]
+    assert (m.dim, m.n_layers, m.n_heads, m.kv_heads, m.hidden_dim, m.vocab_size) == (4096, 32, 32, 8, 14336, 128256)
+    d = MODEL_PRESETS["debug"]
+    assert (d.dim, d.n_layers, d.n_heads, d.vocab_size) == (256, 6, 16, 2048)
+
+
+def test_set_overrides_are_typed():
+    cfg = load_config("tiny", ["train.batch_size=3", "optim.lr=1e-3", "model.name=debug", "parallel.compile=true"])
+    assert cfg.train.batch_size == 3 and isinstance(cfg.optim.lr, float)
+    assert cfg.model.dim == 256  # preset applied before field overrides
+    assert cfg.parallel.compile is True
+    cfg = load_config("tiny", ["optim.lr=1"])  # int accepted for a float field
+    assert cfg.optim.lr == 1.0
+
+
+@pytest.mark.parametrize("override, culprit", [
+    (["train.bogus=1"], "train.bogus"),
+    (["bogus.x=1"], "bogus"),
+    (["train.batch_size=abc"], "train.batch_size"),
+    (["train.batch_size=1.5"], "train.batch_size"),
+    (["train.batch_size=0"], "train.batch_size"),
+    (["train.steps=-5"], "train.steps"),
+    (["train.seq_len=100000"], "train.seq_len"),
+    (["model.n_heads=5"], "model.dim"),
+    (["model.n_kv_heads=3"], "model.n_kv_heads"),
+    (["model.name=70b"], "model.name"),
+    (["train.precision=fp64"], "train.precision"),
+    (["optim.lr=0"], "optim.lr"),
+    (["parallel.compile=maybe"], "parallel.compile"),
+    (["train=3"], "train"),
+    (["noequals"], "noequals"),
+])
+def test_bad_values_name_the_key(override, culprit):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", override)
+    assert culprit in str(err.value)
+
+
+def test_parse_overrides_nested():
+    assert parse_overrides(["a.b=3", "a.c=x", "d=[1, 2]"]) == {"a": {"b": 3, "c": "x"}, "d": [1, 2]}
+
+
+def test_mesh_and_batch_checks_need_no_process_group():
+    cfg = load_config("tiny", ["parallel.strategy=fsdp", "parallel.dp_shard=2", "parallel.dp_replicate=1"])
+    with pytest.raises(ConfigError, match="does not match world size 4"):
+        resolve_mesh(cfg.parallel, 4, 4, 4)
+    assert resolve_mesh(cfg.parallel, 2, 4, 4) == (1, 2, 1)
+    tp = dataclasses.replace(cfg.parallel, tp=3, dp_shard=-1)
+    with pytest.raises(ConfigError, match="parallel.tp"):
+        resolve_mesh(tp, 3, 4, 4)
+    cfg = load_config("tiny", ["train.global_batch_size=10", "train.batch_size=4"])
+    with pytest.raises(ConfigError, match="global_batch_size"):
+        check_job(cfg, 2)
+    check_job(load_config("tiny", ["train.global_batch_size=16", "train.batch_size=4"]), 2)
+
+
+def test_cli_config_error_is_one_line_exit_2(tmp_path):
+    out = tmp_path / "run"
+    res = train_cli(["run", "--out", str(out), "--set", "train.batch_size=0"])
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert lines == ["error: train.batch_size: must be > 0, got 0"], res.stderr
+    assert not out.exists()
+
+
+def test_cli_malformed_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {steps: [1,\n")
+    res = train_cli(["run", "--config", str(bad), "--out", str(tmp_path / "o")])
+    assert res.returncode == 2 and "malformed YAML" in res.stderr and "Traceback" not in res.stderr
+    res = train_cli(["run", "--config", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "o")])
+    assert res.returncode == 2 and "no such file or preset" in res.stderr
+
+
+def test_cli_world_size_mismatch_rejected_before_process_group(tmp_path):
+    res = train_cli(["run", "--out", str(tmp_path / "o"), "--set", "parallel.strategy=fsdp",
+                     "--set", "parallel.dp_shard=4", "--set", "parallel.dp_replicate=1"],
+                    extra_env={"WORLD_SIZE": "2", "RANK": "0"})
+    assert res.returncode == 2 and "does not match world size 2" in res.stderr, res.stderr
