@@ -17,6 +17,9 @@ NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 NPROC ?= $(if $(filter-out 0 1,$(NGPUS)),$(NGPUS),2)
 DEMO_OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+# Extra pip flags, e.g. PIP_FLAGS=--no-build-isolation on offline/air-gapped hosts whose
+# python already has setuptools (NGC images do).
+PIP_FLAGS ?=
 
 .PHONY: help setup demo test lint render-k8s clean-venv
 
@@ -28,6 +31,8 @@ $(VENV)/.installed: pyproject.toml
 	  if [ "$(SYSTEM_HAS_TORCH)" = yes ]; then \
 	    echo "torch found in $(PYTHON) (NGC image?): venv shares it, torch is not reinstalled"; \
 	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	    $(PYTHON) -c 'import site, sys; print("\n".join(site.getsitepackages()))' \
+	      > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_parent_site.pth"; \
 	  else \
 	    $(PYTHON) -m venv $(VENV); \
 	  fi; \
@@ -36,14 +41,14 @@ $(VENV)/.installed: pyproject.toml
 	  echo "installing $(TORCH_SPEC)"; \
 	  $(PY) -m pip install --disable-pip-version-check -q "$(TORCH_SPEC)"; \
 	fi
-	$(PY) -m pip install --disable-pip-version-check -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --disable-pip-version-check -q $(PIP_FLAGS) -e ".[$(EXTRAS)]"
 	@touch $@
 
 setup: $(VENV)/.installed  ## create .venv and install the project (idempotent)
 
 demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GPUs: one process per GPU, NCCL + bf16)
 	@echo "demo: $(NPROC) processes, output in $(DEMO_OUT)"
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) \
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m torch.distributed.run --standalone --nproc-per-node $(NPROC) \
 	  -m train run --config tiny --out "$(DEMO_OUT)"
 
 test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
