@@ -1,0 +1,5 @@
+"""``python -m launch``."""
+
+from launch.cli import main
+
+raise SystemExit(main())

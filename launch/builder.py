@@ -1,0 +1,108 @@
+"""Turn the common CLI options into a validated ``JobSpec`` (+ warnings for stderr)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch import catalog
+from launch.spec import (
+    JobSpec,
+    NetworkOverrides,
+    Rendezvous,
+    Resources,
+    SpecError,
+    check_path,
+    parse_debug,
+    parse_endpoint,
+    parse_entrypoint,
+    parse_env_pairs,
+    parse_mount,
+    parse_name,
+    parse_nnodes,
+    parse_port,
+    parse_positive_int,
+    parse_quantity,
+    parse_rdzv_id,
+    parse_safe_token,
+    reject_control_chars,
+    reject_nul,
+    torchrun_max_restarts,
+)
+
+IMAGE_REPOSITORY = "hopper-train"
+
+
+@dataclass
+class Built:
+    spec: JobSpec
+    warnings: list[str]
+
+
+def default_image(profile: catalog.Profile) -> str:
+    return f"{IMAGE_REPOSITORY}:{profile.image_target}"
+
+
+def build(o: dict) -> Built:
+    warnings: list[str] = []
+    profile = catalog.load_profile(o["profile"])
+    nodes = parse_nnodes(o["nnodes"])
+    fabric_name = o["fabric"] or (
+        profile.default_fabric_multi if nodes.multi_node else profile.default_fabric_single
+    )
+    fabric = catalog.load_fabric(fabric_name)
+    catalog.check_compatible(profile, fabric, nodes.multi_node)
+
+    nproc = profile.gpus_per_node if o["nproc_per_node"] is None else o["nproc_per_node"]
+    nproc = parse_positive_int("--nproc-per-node", nproc)
+    if nproc > profile.gpus_per_node:
+        warnings.append(
+            f"--nproc-per-node {nproc} exceeds the {profile.gpus_per_node} GPUs per node of "
+            f"profile {profile.name!r}"
+        )
+
+    name = parse_name(o["name"])
+    image = reject_control_chars("--image", o["image"] or default_image(profile))
+    if not image.strip():
+        raise SpecError("--image is empty")
+    host, port = parse_endpoint(o["rdzv_endpoint"], parse_port(o["rdzv_port"]))
+    rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"] or name))
+
+    for arg in o["train_args"]:
+        reject_nul("training argument", arg)
+
+    spec = JobSpec(
+        name=name,
+        image=image,
+        profile=profile,
+        fabric=fabric,
+        nodes=nodes,
+        nproc_per_node=nproc,
+        rdzv=rdzv,
+        max_restarts=torchrun_max_restarts(nodes, o["max_restarts"]),
+        entrypoint=parse_entrypoint(o["entrypoint"]),
+        train_args=tuple(o["train_args"]),
+        env=parse_env_pairs(o["env"]),
+        mounts=tuple(parse_mount(m) for m in o["mount"]),
+        checkpoint_dir=check_path("--checkpoint-dir", o["checkpoint_dir"]),
+        resources=Resources(
+            cpus=parse_quantity("--cpus", o["cpus"]),
+            memory=parse_quantity("--memory", o["memory"]),
+        ),
+        debug=parse_debug(o["nccl_debug"], o["nccl_debug_subsys"], o["flight_recorder"]),
+        network=NetworkOverrides(
+            socket_ifname=parse_safe_token("--socket-ifname", o["socket_ifname"]),
+            ib_hca=parse_safe_token("--ib-hca", o["ib_hca"]),
+            ib_gid_index=_gid_index(o["ib_gid_index"]),
+        ),
+        p2p_broken=o["p2p_broken"],
+        grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
+    )
+    return Built(spec, warnings)
+
+
+def _gid_index(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.lstrip("-").isdigit() or int(value) < -1:
+        raise SpecError(f"--ib-gid-index {value!r}: a GID table index (or -1 for NCCL's auto-selection)")
+    return value

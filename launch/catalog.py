@@ -1,0 +1,249 @@
+"""Hardware profiles and network fabrics: YAML data files, the file stem being the name.
+
+Search order (first match wins): the directories in ``LAUNCH_PROFILE_PATH`` /
+``LAUNCH_FABRIC_PATH`` (``os.pathsep``-separated), then the built-in
+``launch/profiles`` and ``launch/fabrics``. ``--profile`` / ``--fabric`` also
+accept a path to a ``.yaml`` file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from launch.spec import SpecError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+PROFILE_PATH_ENV = "LAUNCH_PROFILE_PATH"
+FABRIC_PATH_ENV = "LAUNCH_FABRIC_PATH"
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    name: str
+    value: str | None
+    why: str
+    option: str | None = None
+
+
+@dataclass(frozen=True)
+class RdmaResource:
+    name: str
+    count: int | None
+    why: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path
+    description: str
+    gpu_model: str
+    arch: str
+    gpus_per_node: int
+    memory_gb: int | None
+    cpu_arch: str
+    interconnect: str
+    nvlink: bool
+    nvswitch: bool
+    multi_node_nvlink: bool
+    fp8: tuple[str, ...]
+    fp4: tuple[str, ...]
+    image_target: str
+    default_fabric_single: str
+    default_fabric_multi: str
+    env: tuple[EnvEntry, ...]
+    node_selector: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fabric:
+    name: str
+    path: Path
+    description: str
+    scope: str
+    transport: str
+    requires_nvlink: bool
+    env: tuple[EnvEntry, ...]
+    docker_devices: tuple[str, ...]
+    docker_cap_add: tuple[str, ...]
+    rdma_resource: RdmaResource | None
+    ipc_lock: bool
+    notes: tuple[str, ...]
+
+    @property
+    def multi_node(self) -> bool:
+        return self.scope == "multi-node"
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def _search_dirs(kind: str) -> list[Path]:
+    env_var = PROFILE_PATH_ENV if kind == "profiles" else FABRIC_PATH_ENV
+    user = [Path(p) for p in os.environ.get(env_var, "").split(os.pathsep) if p]
+    return user + [PACKAGE_DIR / kind]
+
+
+def available(kind: str) -> dict[str, Path]:
+    """Name -> file for ``kind`` in ("profiles", "fabrics"); earlier directories win."""
+    found: dict[str, Path] = {}
+    for directory in _search_dirs(kind):
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.yaml")):
+                found.setdefault(path.stem, path)
+    return dict(sorted(found.items()))
+
+
+def _resolve(kind: str, name: str) -> Path:
+    singular = kind[:-1]
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return Path(name)
+    known = available(kind)
+    if name not in known:
+        raise SpecError(f"unknown {singular} {name!r} (known: {', '.join(known) or 'none'})")
+    return known[name]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc}") from None
+    return _parse_yaml(str(path), stamp)
+
+
+@lru_cache(maxsize=64)
+def _parse_yaml(path_str: str, _stamp: int) -> dict:
+    import yaml  # lazy: keeps `launch --help` fast
+
+    path = Path(path_str)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (safe loader)
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecError(f"{path}: cannot read: {exc}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def validate(data: dict, schema: dict, path: Path) -> None:
+    key = (str(path), id(schema), _fingerprint(data))
+    if key in _VALIDATED:
+        return
+    _validate(data, schema, path)
+    _VALIDATED.add(key)
+
+
+_VALIDATED: set = set()
+
+
+def _fingerprint(data: dict) -> int:
+    return hash(repr(data))
+
+
+def _validate(data: dict, schema: dict, path: Path) -> None:
+    """Validate with jsonschema when installed (dev extra); otherwise check required keys."""
+    try:
+        import jsonschema
+    except ImportError:  # runtime install without the dev extra
+        missing = [key for key in schema.get("required", ()) if key not in data]
+        if missing:
+            raise SpecError(f"{path}: missing required keys: {', '.join(missing)}") from None
+        return
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(data), key=str)
+    if errors:
+        err = errors[0]
+        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise SpecError(f"{path}: {where}: {err.message}".replace("\n", " "))
+
+
+def _env_entries(raw: dict) -> tuple[EnvEntry, ...]:
+    return tuple(
+        EnvEntry(name, item["value"], " ".join(item["why"].split()), item.get("option"))
+        for name, item in raw.items()
+    )
+
+
+def load_profile(name: str) -> Profile:
+    from launch.schema import PROFILE_SCHEMA
+
+    path = _resolve("profiles", name)
+    data = _read_yaml(path)
+    validate(data, PROFILE_SCHEMA, path)
+    gpu, link = data["gpu"], data["interconnect"]
+    return Profile(
+        name=path.stem,
+        path=path,
+        description=data["description"],
+        gpu_model=gpu["model"],
+        arch=gpu["arch"],
+        gpus_per_node=gpu["gpus_per_node"],
+        memory_gb=gpu.get("memory_gb"),
+        cpu_arch=data["cpu_arch"],
+        interconnect=link["summary"],
+        nvlink=link["nvlink"],
+        nvswitch=link["nvswitch"],
+        multi_node_nvlink=link["multi_node_nvlink"],
+        fp8=tuple(data["fp8"]),
+        fp4=tuple(data.get("fp4", ())),
+        image_target=data["image_target"],
+        default_fabric_single=data["default_fabric"]["single_node"],
+        default_fabric_multi=data["default_fabric"]["multi_node"],
+        env=_env_entries(data["env"]),
+        node_selector=tuple(sorted(data.get("k8s", {}).get("node_selector", {}).items())),
+        notes=tuple(data.get("notes", ())),
+    )
+
+
+def load_fabric(name: str) -> Fabric:
+    from launch.schema import FABRIC_SCHEMA
+
+    path = _resolve("fabrics", name)
+    data = _read_yaml(path)
+    validate(data, FABRIC_SCHEMA, path)
+    docker, k8s = data.get("docker", {}), data.get("k8s", {})
+    rdma = k8s.get("rdma_resource")
+    return Fabric(
+        name=path.stem,
+        path=path,
+        description=data["description"],
+        scope=data["scope"],
+        transport=data["transport"],
+        requires_nvlink=data.get("requires_nvlink", False),
+        env=_env_entries(data["env"]),
+        docker_devices=tuple(docker.get("devices", ())),
+        docker_cap_add=tuple(docker.get("cap_add", ())),
+        rdma_resource=RdmaResource(rdma["name"], rdma["count"], " ".join(rdma["why"].split()))
+        if rdma
+        else None,
+        ipc_lock=k8s.get("ipc_lock", False),
+        notes=tuple(data.get("notes", ())),
+    )
+
+
+def check_compatible(profile: Profile, fabric: Fabric, multi_node: bool) -> None:
+    if multi_node and not fabric.multi_node:
+        multi = [n for n in available("fabrics") if _peek_scope(n) == "multi-node"]
+        raise SpecError(
+            f"fabric {fabric.name!r} is single-node; a multi-node job needs one of: {', '.join(multi)}"
+        )
+    if fabric.requires_nvlink and not profile.nvlink:
+        raise SpecError(
+            f"fabric {fabric.name!r} needs NVLink but profile {profile.name!r} has none "
+            f"({profile.interconnect}); use --fabric {profile.default_fabric_single}"
+        )
+
+
+def _peek_scope(name: str) -> str | None:
+    try:
+        return load_fabric(name).scope
+    except SpecError:
+        return None

@@ -1,0 +1,285 @@
+"""``launch``: describe a training job once, get launchers that fit the hardware.
+
+Only click and the tiny ``spec`` module are imported at start-up; Jinja, YAML and
+the renderers load inside the commands, so ``launch --help`` stays fast and torch
+is never imported.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+from launch.spec import DEFAULT_CHECKPOINT_DIR, DEFAULT_ENTRYPOINT, DEFAULT_GRACE_PERIOD_S, DEFAULT_RDZV_PORT, SpecError
+
+PROG = "launch"
+_ARGV: list[str] = []  # the invocation, echoed into the generated files' header
+
+
+def _command_line() -> str:
+    """The invocation minus ``-o FILE``: the same output whatever file it is written to."""
+    shown, tokens = [], iter(_ARGV)
+    for token in tokens:
+        if token == "--":
+            shown += [token, *tokens]
+            break
+        if token in ("-o", "--output"):
+            next(tokens, None)
+        elif token.startswith("--output=") or (token.startswith("-o") and not token.startswith("--")):
+            continue
+        else:
+            shown.append(token)
+    return shlex.join([PROG, *shown])
+
+
+def _warn(message: str) -> None:
+    click.echo(f"{PROG}: warning: {message}", err=True)
+
+
+# --------------------------------------------------------------------------- shared options
+
+
+def job_options(func):
+    """The job description: the same option names on every subcommand."""
+    options = [
+        click.option("--profile", default="generic", show_default=True, metavar="NAME|FILE.yaml",
+                     help="Hardware profile (see `launch profiles`)."),
+        click.option("--fabric", default=None, metavar="NAME|FILE.yaml",
+                     help="Network fabric; default from the profile (single-node or multi-node)."),
+        click.option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
+                     help="Node count, or MIN:MAX for an elastic job."),
+        click.option("--nproc-per-node", type=int, default=None, metavar="N",
+                     help="Processes (GPUs) per node; default: the profile's GPUs per node."),
+        click.option("--image", default=None, help="Container image; default hopper-train:<image target>."),
+        click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
+        click.option("-o", "--output", default=None, metavar="FILE",
+                     help="Write here (atomically) instead of stdout."),
+        click.option("--rdzv-endpoint", default=None, metavar="HOST[:PORT]",
+                     help="c10d rendezvous host for multi-node torchrun/docker scripts."),
+        click.option("--rdzv-port", type=int, default=DEFAULT_RDZV_PORT, show_default=True),
+        click.option("--rdzv-id", default=None, help="Rendezvous id; default: the job name."),
+        click.option("--max-restarts", type=int, default=None,
+                     help="torchrun worker-group restarts; default 0, or 3 for elastic jobs."),
+        click.option("--entrypoint", default=DEFAULT_ENTRYPOINT, show_default=True,
+                     help="Training program; arguments after `--` are appended unchanged."),
+        click.option("--env", multiple=True, metavar="NAME=VALUE", help="Extra environment (repeatable)."),
+        click.option("--mount", multiple=True, metavar="SRC:DST[:ro]",
+                     help="Host path to mount (docker, Slurm+pyxis)."),
+        click.option("--checkpoint-dir", default=DEFAULT_CHECKPOINT_DIR, show_default=True,
+                     help="Checkpoint directory inside the job (mounted volume / shared FS)."),
+        click.option("--cpus", default=None, help="CPUs per node (k8s request, Slurm --cpus-per-task)."),
+        click.option("--memory", default=None, help="Memory per node, k8s quantity (e.g. 512Gi)."),
+        click.option("--nccl-debug", default=None, metavar="LEVEL", help="NCCL_DEBUG (VERSION|WARN|INFO|TRACE)."),
+        click.option("--nccl-debug-subsys", default=None, metavar="LIST", help="NCCL_DEBUG_SUBSYS filter."),
+        click.option("--flight-recorder", type=int, default=None, is_flag=False, flag_value=2000,
+                     metavar="[N]", help="Torch flight recorder: keep N collectives, dump on timeout."),
+        click.option("--p2p-broken", is_flag=True,
+                     help="PCIe P2P is broken here (IOMMU/ACS): set NCCL_P2P_DISABLE=1."),
+        click.option("--socket-ifname", default=None, help="NCCL_SOCKET_IFNAME (e.g. =eth1)."),
+        click.option("--ib-hca", default=None, help="NCCL_IB_HCA (e.g. =mlx5_0,mlx5_1)."),
+        click.option("--ib-gid-index", default=None, help="NCCL_IB_GID_INDEX (RoCE)."),
+        click.option("--grace-period", type=int, default=DEFAULT_GRACE_PERIOD_S, show_default=True,
+                     help="Seconds between SIGTERM and SIGKILL (checkpoint on preemption)."),
+        click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAIN_ARGS...]"),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _prepare(options: dict):
+    """Spec + environment, warnings printed; errors surface as SpecError."""
+    from launch import builder, envplan, output
+
+    output.check_target(options.get("output"))
+    built = builder.build(options)
+    plan = envplan.build_env(built.spec)
+    for message in built.warnings + list(plan.warnings):
+        _warn(message)
+    return built.spec, plan
+
+
+def _emit(text: str, options: dict, executable: bool) -> None:
+    from launch import output
+
+    output.write(text, options.get("output"), executable)
+
+
+def _job_keys(options: dict, extra: tuple[str, ...]) -> tuple[dict, dict]:
+    job = {k: v for k, v in options.items() if k not in extra}
+    return job, {k: options[k] for k in extra}
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Render launchers for a distributed PyTorch training job.
+
+    Describe the job once (profile, fabric, nodes, image, ...); every subcommand
+    takes the same options and prints the result (or writes it with -o FILE).
+    Arguments after `--` go to the training program unchanged, e.g.
+
+    \b
+      launch torchrun --profile h100 -- --config 1b --steps 100 --set optim.lr=3e-4
+      launch k8s --profile h100 --nnodes 2 --fabric infiniband -o job.yaml -- --config 8b --resume
+    """
+
+
+@cli.command("torchrun")
+@job_options
+def torchrun_cmd(**options):
+    """Bash script running torchrun (standalone, or c10d rendezvous on every node)."""
+    from launch import scripts
+
+    spec, plan = _prepare(options)
+    _emit(scripts.torchrun_script(spec, plan, _command_line()), options, executable=True)
+
+
+@cli.command("docker")
+@job_options
+def docker_cmd(**options):
+    """Bash script wrapping torchrun in `docker run` with what NGC containers need."""
+    from launch import scripts
+
+    spec, plan = _prepare(options)
+    _emit(scripts.docker_script(spec, plan, _command_line()), options, executable=True)
+
+
+SLURM_KEYS = ("partition", "account", "time", "pyxis")
+
+
+@cli.command("slurm")
+@job_options
+@click.option("--partition", default=None)
+@click.option("--account", default=None)
+@click.option("--time", default=None, help="Wall-clock limit, Slurm syntax (e.g. 24:00:00).")
+@click.option("--pyxis", is_flag=True, help="Run inside --image with pyxis/enroot (srun --container-image).")
+def slurm_cmd(**options):
+    """sbatch script: one task per node running torchrun, rendezvous on the first node."""
+    from launch import scripts
+
+    job, extra = _job_keys(options, SLURM_KEYS)
+    opts = scripts.SlurmOptions.parse(**extra)
+    spec, plan = _prepare(job)
+    _emit(scripts.slurm_script(spec, plan, _command_line(), opts), job, executable=True)
+
+
+K8S_KEYS = ("namespace", "pvc", "shm_size", "rdma_resource", "queue", "gang", "image_pull_secret",
+            "node_selector", "pod_annotation", "backoff_limit", "ttl_seconds", "env_secret")
+
+
+@cli.command("k8s")
+@job_options
+@click.option("--namespace", default=None)
+@click.option("--pvc", default="checkpoints", show_default=True, help="PersistentVolumeClaim for --checkpoint-dir.")
+@click.option("--shm-size", default="64Gi", show_default=True, help="Size limit of the memory-backed /dev/shm.")
+@click.option("--rdma-resource", default=None, metavar="DOMAIN/NAME[=COUNT]",
+              help="RDMA device-plugin resource; default from the fabric.")
+@click.option("--queue", default=None, help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
+@click.option("--gang", is_flag=True, help="runPolicy.schedulingPolicy.minAvailable (Volcano/scheduler-plugins).")
+@click.option("--image-pull-secret", multiple=True, help="Registry credentials Secret name (repeatable).")
+@click.option("--node-selector", multiple=True, metavar="KEY=VALUE")
+@click.option("--pod-annotation", multiple=True, metavar="KEY=VALUE", help="E.g. a Multus network for RoCE.")
+@click.option("--backoff-limit", type=int, default=3, show_default=True)
+@click.option("--ttl-seconds", type=int, default=7 * 24 * 3600, show_default=True,
+              help="runPolicy.ttlSecondsAfterFinished.")
+@click.option("--env-secret", multiple=True, metavar="NAME=SECRET:KEY", help="Env var from a Secret key.")
+def k8s_cmd(**options):
+    """Kubeflow PyTorchJob (kubeflow.org/v1) manifest."""
+    from launch import k8s
+
+    job, extra = _job_keys(options, K8S_KEYS)
+    opts = k8s.parse_options(
+        extra["namespace"], extra["pvc"], extra["shm_size"], extra["rdma_resource"], extra["queue"],
+        extra["gang"], extra["image_pull_secret"], extra["node_selector"], extra["pod_annotation"],
+        extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"],
+    )
+    spec, plan = _prepare(job)
+    if spec.mounts:
+        _warn("k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead")
+    for message in k8s.secret_warnings(spec):
+        _warn(message)
+    _emit(k8s.pytorchjob(spec, plan, _command_line(), opts), job, executable=False)
+
+
+@cli.command("env")
+@job_options
+def env_cmd(**options):
+    """The environment alone, as commented `export NAME=VALUE` lines."""
+    from launch import scripts
+
+    spec, plan = _prepare(options)
+    _emit(scripts.env_file(spec, plan, _command_line()), options, executable=False)
+
+
+@cli.command("run")
+@job_options
+@click.option("--dry-run", is_flag=True, help="Print the script that would run; execute nothing.")
+def run_cmd(**options):
+    """Render the single-node torchrun script and execute it here."""
+    import os
+
+    from launch import scripts
+
+    dry_run = options.pop("dry_run")
+    spec, plan = _prepare(options)
+    if spec.nodes.multi_node:
+        raise SpecError("`launch run` starts single-node jobs; use `launch torchrun` and run it on every node")
+    script = scripts.torchrun_script(spec, plan, _command_line())
+    if dry_run or options.get("output"):
+        _emit(script, options, executable=True)
+        if dry_run:
+            click.echo(f"{PROG}: dry run: nothing executed", err=True)
+        return
+    sys.stdout.flush()
+    os.execvp("bash", ["bash", "-c", script, "launch-run"])
+
+
+@cli.command("profiles")
+def profiles_cmd():
+    """Known hardware profiles and fabrics, one line each."""
+    from launch import catalog
+
+    click.echo("Profiles (--profile):")
+    for name in catalog.available("profiles"):
+        p = catalog.load_profile(name)
+        click.echo(f"  {name:<14} {p.description} [{p.gpus_per_node}x {p.arch}, {p.cpu_arch}, "
+                   f"fp8: {','.join(p.fp8) or '-'}, image: {p.image_target}]")
+    click.echo("Fabrics (--fabric):")
+    for name in catalog.available("fabrics"):
+        f = catalog.load_fabric(name)
+        click.echo(f"  {name:<14} {f.description} [{f.scope}]")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: user errors are one line on stderr and exit status 2."""
+    global _ARGV
+    args = list(sys.argv[1:] if argv is None else argv)
+    _ARGV = args
+    try:
+        rv = cli.main(args, prog_name=PROG, standalone_mode=False)
+    except SpecError as exc:
+        return _fail(str(exc))
+    except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+        return 0
+    except click.exceptions.Abort:
+        return _fail("aborted")
+    except click.ClickException as exc:
+        return _fail(exc.format_message())
+    except BrokenPipeError:
+        return 0
+    return rv if isinstance(rv, int) else 0
+
+
+def _fail(message: str) -> int:
+    click.echo(f"{PROG}: error: {' '.join(str(message).split())}", err=True)
+    return 2
+

@@ -1,0 +1,166 @@
+"""Assemble the job environment: torch-side settings, profile, fabric, options, ``--env``.
+
+Each variable carries a ``why`` that templates render as a comment. Two gates run
+on the final result, whatever its source:
+
+* NVLink SHARP is never switched on: ``NCCL_NVLS_ENABLE`` may only be ``0``
+  (NVLS stays with NCCL's auto-detection; our test machines must never get
+  multicast turned on by a generated script).
+* Names that blog posts use but NCCL never read are refused with a hint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch.spec import JobSpec, SpecError
+
+# Names copied around the internet that NCCL does not read (NCCL's env docs are the reference).
+NOT_NCCL = {
+    "NCCL_TIMEOUT": "NCCL has no timeout variable; use init_process_group(timeout=...) in torch",
+    "NCCL_IB_ENABLE": "NCCL uses IB by default; the documented switch is NCCL_IB_DISABLE",
+    "NCCL_P2P_ENABLE": "NCCL uses P2P by default; the documented switches are NCCL_P2P_DISABLE / NCCL_P2P_LEVEL",
+    "NCCL_ENABLE_NVLS": "not an NCCL variable; launch leaves NVLS to NCCL's auto-detection",
+    "NCCL_ASYNC_ERROR_HANDLING": "a torch setting, now TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_BLOCKING_WAIT": "a torch setting, now TORCH_NCCL_BLOCKING_WAIT",
+    "NCCL_DESYNC_DEBUG": "a torch setting, now TORCH_NCCL_DESYNC_DEBUG",
+}
+
+NVLS_VARIABLE = "NCCL_NVLS_ENABLE"
+
+# CLI network options -> the NCCL variable each one sets.
+NETWORK_OPTIONS = (
+    ("socket_ifname", "NCCL_SOCKET_IFNAME", "--socket-ifname"),
+    ("ib_hca", "NCCL_IB_HCA", "--ib-hca"),
+    ("ib_gid_index", "NCCL_IB_GID_INDEX", "--ib-gid-index"),
+)
+
+SHUTDOWN_MARGIN_S = 30
+FLIGHT_RECORDER_DEFAULT = 2000
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    variables: tuple[EnvVar, ...]
+    warnings: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, str]:
+        return {v.name: v.value for v in self.variables}
+
+
+def _torch_defaults(spec: JobSpec) -> list[tuple[str, str | None, str]]:
+    shutdown = max(spec.grace_period_s - SHUTDOWN_MARGIN_S, 10)
+    return [
+        (
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+            "3",
+            "on an NCCL error or collective timeout the watchdog tears the process down (3: without "
+            "aborting the communicator, the current torch default) so the launcher restarts from "
+            "the last checkpoint; set explicitly so older images behave the same",
+        ),
+        (
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+            str(shutdown),
+            f"after forwarding SIGTERM torchrun waits this long before SIGKILL (default 30 s); "
+            f"grace period {spec.grace_period_s} s minus a {SHUTDOWN_MARGIN_S} s margin leaves the "
+            "training loop time to write its preemption checkpoint",
+        ),
+    ]
+
+
+def _debug_settings(spec: JobSpec) -> list[tuple[str, str, str]]:
+    dbg, out = spec.debug, []
+    if dbg.nccl_debug:
+        out.append(("NCCL_DEBUG", dbg.nccl_debug, "--nccl-debug: NCCL logging for this run (debugging only)"))
+    if dbg.nccl_debug_subsys:
+        out.append(("NCCL_DEBUG_SUBSYS", dbg.nccl_debug_subsys, "--nccl-debug-subsys: filter NCCL_DEBUG=INFO output"))
+    if dbg.flight_recorder:
+        out += [
+            (
+                "TORCH_FR_BUFFER_SIZE",
+                str(dbg.flight_recorder),
+                "--flight-recorder: keep the last N collectives per rank in torch's flight recorder",
+            ),
+            (
+                "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                "1",
+                "--flight-recorder: dump the flight recorder when a collective times out",
+            ),
+            (
+                "TORCH_FR_DUMP_TEMP_FILE",
+                spec.checkpoint_dir.rstrip("/") + "/nccl_trace_rank_",
+                "--flight-recorder: write the dumps next to the checkpoints (persistent) instead of /tmp",
+            ),
+        ]
+    return out
+
+
+def build_env(spec: JobSpec) -> EnvPlan:
+    entries: dict[str, EnvVar | tuple[None, str, str | None]] = {}
+    warnings: list[str] = []
+
+    def put(name: str, value: str | None, why: str, option: str | None = None) -> None:
+        if value is None:
+            entries[name] = (None, why, option)
+        else:
+            entries[name] = EnvVar(name, value, " ".join(why.split()))
+
+    for name, value, why in _torch_defaults(spec):
+        put(name, value, why)
+    for source in (spec.profile, spec.fabric):
+        for entry in source.env:
+            put(entry.name, entry.value, entry.why, entry.option)
+
+    for attr, name, option in NETWORK_OPTIONS:
+        value = getattr(spec.network, attr)
+        if value is not None:
+            previous = entries.get(name)
+            why = previous.why if isinstance(previous, EnvVar) else (previous[1] if previous else "")
+            put(name, value, f"{option}: {why}" if why else f"{option}: site-specific network setting")
+
+    for name, value, why in _debug_settings(spec):
+        put(name, value, why)
+
+    if spec.p2p_broken:
+        put(
+            "NCCL_P2P_DISABLE",
+            "1",
+            "--p2p-broken: GPU peer-to-peer is broken on this platform (IOMMU/ACS redirects PCIe "
+            "P2P), so NCCL must go through host shared memory; NCCL lists this under debugging "
+            "variables - drop it once the platform is fixed",
+        )
+        if spec.profile.nvlink:
+            warnings.append(
+                f"--p2p-broken on profile {spec.profile.name!r} also disables NVLink peer-to-peer"
+            )
+
+    for name, value in spec.env:
+        put(name, value, "set with --env")
+
+    missing = [(n, e) for n, e in entries.items() if isinstance(e, tuple)]
+    if missing:
+        name, (_, why, option) = missing[0]
+        hint = f"pass {option} VALUE" if option else f"pass --env {name}=VALUE"
+        raise SpecError(f"fabric {spec.fabric.name!r} needs {name} for this site: {hint} ({why})")
+
+    variables = tuple(e for e in entries.values() if isinstance(e, EnvVar))
+    check_safe(variables)
+    return EnvPlan(variables, tuple(warnings))
+
+
+def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
+    for var in variables:
+        if var.name == NVLS_VARIABLE and var.value.strip() != "0":
+            raise SpecError(
+                f"{NVLS_VARIABLE}={var.value!r} refused: launch never enables NVLink SHARP; "
+                "NCCL auto-detects it (only NCCL_NVLS_ENABLE=0 is allowed)"
+            )
+        if var.name in NOT_NCCL:
+            raise SpecError(f"{var.name} is not an NCCL variable: {NOT_NCCL[var.name]}")

@@ -1,0 +1,112 @@
+"""Re-render (or check) the committed example outputs: ``k8s/*.yaml`` and ``docs/examples/*``.
+
+    python -m launch.render_examples            # write them (the `make render-k8s` target)
+    python -m launch.render_examples --check    # exit 1 if a committed file differs from a fresh render
+
+Each file's first line records the exact ``launch`` command that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+IMAGE_HOPPER = "registry.example.invalid/hopper-train:hopper"
+IMAGE_BLACKWELL = "registry.example.invalid/hopper-train:blackwell"
+
+# (output file, subcommand, launch options, training arguments after `--`)
+EXAMPLES: list[tuple[str, str, list[str], list[str]]] = [
+    (
+        "k8s/h100-1x8.yaml",
+        "k8s",
+        ["--profile", "h100", "--name", "h100-1x8", "--image", IMAGE_HOPPER],
+        ["--config", "1b", "--out", "/checkpoints/h100-1x8", "--resume"],
+    ),
+    (
+        "k8s/h100-2x8-infiniband.yaml",
+        "k8s",
+        ["--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--name", "h100-2x8-ib",
+         "--image", IMAGE_HOPPER],
+        ["--config", "8b", "--out", "/checkpoints/h100-2x8-ib", "--resume"],
+    ),
+    (
+        "k8s/h100-elastic-1to4-infiniband.yaml",
+        "k8s",
+        ["--profile", "h100", "--nnodes", "1:4", "--fabric", "infiniband", "--name", "h100-elastic",
+         "--image", IMAGE_HOPPER, "--gang"],
+        ["--config", "8b", "--out", "/checkpoints/h100-elastic", "--resume"],
+    ),
+    (
+        "k8s/h200-2x8-infiniband-kueue.yaml",
+        "k8s",
+        ["--profile", "h200", "--nnodes", "2", "--fabric", "infiniband", "--name", "h200-2x8-ib",
+         "--image", IMAGE_HOPPER, "--queue", "gpu-training", "--image-pull-secret", "registry-credentials"],
+        ["--config", "8b", "--out", "/checkpoints/h200-2x8-ib", "--resume"],
+    ),
+    (
+        "docs/examples/slurm-b200-2x8-infiniband.sbatch",
+        "slurm",
+        ["--profile", "b200", "--nnodes", "2", "--fabric", "infiniband", "--name", "b200-2x8",
+         "--image", IMAGE_BLACKWELL, "--pyxis", "--time", "24:00:00", "--checkpoint-dir", "/lustre/checkpoints"],
+        ["--config", "8b", "--out", "/lustre/checkpoints/b200-2x8", "--resume"],
+    ),
+    (
+        "docs/examples/torchrun-h100-2x8-roce.sh",
+        "torchrun",
+        ["--profile", "h100", "--nnodes", "2", "--fabric", "roce", "--name", "h100-2x8-roce",
+         "--ib-hca", "=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7",
+         "--rdzv-endpoint", "gpu-node-0:29400"],
+        ["--config", "8b", "--out", "/shared/runs/h100-2x8-roce", "--resume"],
+    ),
+    (
+        "docs/examples/docker-rtx-pro-6000-4x.sh",
+        "docker",
+        ["--profile", "rtx-pro-6000", "--nproc-per-node", "4", "--name", "rtx-pro-4x",
+         "--image", "hopper-train:blackwell", "--checkpoint-dir", "/srv/checkpoints"],
+        ["--config", "350m", "--out", "/srv/checkpoints/rtx-pro-4x", "--resume"],
+    ),
+]
+
+
+def argv_for(path: str, sub: str, options: list[str], train: list[str], write: bool) -> list[str]:
+    return [sub, *options, *(["-o", path] if write else []), "--", *train]
+
+
+def render_text(argv: list[str]) -> str:
+    """Render in-process and return what `launch` would print (raises on a non-zero exit)."""
+    from launch.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    if rc != 0:
+        raise RuntimeError(f"launch {' '.join(argv)} failed: {err.getvalue().strip()}")
+    return out.getvalue()
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launch.render_examples", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    parser.add_argument("--root", default=".", help="repository root (default: current directory)")
+    opts = parser.parse_args(args)
+    root, stale = Path(opts.root), []
+    for path, sub, options, train in EXAMPLES:
+        target = root / path
+        if opts.check:
+            fresh = render_text(argv_for(path, sub, options, train, write=False))
+            if not target.is_file() or target.read_text(encoding="utf-8") != fresh:
+                stale.append(path)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        render_text(argv_for(str(target), sub, options, train, write=True))
+        print(f"rendered {path}")
+    for path in stale:
+        print(f"stale: {path} (run: python -m launch.render_examples)", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""JSON Schemas for hardware profile and fabric files (``launch/profiles``, ``launch/fabrics``).
+
+Every environment setting is ``{value, why}``: the reason is data, rendered as a
+comment next to the variable in every script and manifest.
+"""
+
+ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+
+ENV_ENTRY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["value", "why"],
+    "properties": {
+        # A string, or null when the value is site-specific and must come from the
+        # user through the CLI option named in ``option`` (rendering fails otherwise).
+        "value": {"type": ["string", "null"]},
+        "why": {"type": "string", "minLength": 10},
+        "option": {"type": "string", "pattern": r"^--[a-z0-9-]+$"},
+    },
+}
+
+ENV_MAP = {
+    "type": "object",
+    "propertyNames": {"pattern": ENV_NAME_PATTERN},
+    "additionalProperties": ENV_ENTRY,
+}
+
+NOTES = {"type": "array", "items": {"type": "string", "minLength": 1}}
+
+PROFILE_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "launch hardware profile",
+    "type": "object",
+    "additionalProperties": False,
+    "required": [
+        "description",
+        "gpu",
+        "cpu_arch",
+        "interconnect",
+        "fp8",
+        "image_target",
+        "default_fabric",
+        "env",
+    ],
+    "properties": {
+        "description": {"type": "string", "minLength": 1},
+        "gpu": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["model", "arch", "gpus_per_node"],
+            "properties": {
+                "model": {"type": "string"},
+                "arch": {"type": "string", "pattern": r"^(sm_[0-9]+a?|any)$"},
+                "gpus_per_node": {"type": "integer", "minimum": 1},
+                "memory_gb": {"type": "integer", "minimum": 1},
+            },
+        },
+        "cpu_arch": {"enum": ["amd64", "arm64"]},
+        "interconnect": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["summary", "nvlink", "nvswitch", "multi_node_nvlink"],
+            "properties": {
+                "summary": {"type": "string"},
+                "nvlink": {"type": "boolean"},
+                "nvswitch": {"type": "boolean"},
+                "multi_node_nvlink": {"type": "boolean"},
+            },
+        },
+        "fp8": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": ["e4m3", "e5m2", "mxfp8"]},
+        },
+        "fp4": {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": ["nvfp4", "mxfp4"]},
+        },
+        "image_target": {"enum": ["hopper", "blackwell"]},
+        "default_fabric": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["single_node", "multi_node"],
+            "properties": {
+                "single_node": {"type": "string"},
+                "multi_node": {"type": "string"},
+            },
+        },
+        "env": ENV_MAP,
+        "k8s": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "node_selector": {
+                    "type": "object",
+                    "additionalProperties": {"type": "string"},
+                },
+            },
+        },
+        "notes": NOTES,
+    },
+}
+
+FABRIC_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "launch network fabric",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["description", "scope", "transport", "env"],
+    "properties": {
+        "description": {"type": "string", "minLength": 1},
+        "scope": {"enum": ["single-node", "multi-node"]},
+        "transport": {"enum": ["nvlink", "pcie", "infiniband", "roce", "socket", "efa"]},
+        "requires_nvlink": {"type": "boolean"},
+        "env": ENV_MAP,
+        "docker": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "devices": {"type": "array", "items": {"type": "string", "pattern": "^/dev/"}},
+                "cap_add": {"type": "array", "items": {"enum": ["IPC_LOCK"]}},
+            },
+        },
+        "k8s": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "rdma_resource": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name", "count", "why"],
+                    "properties": {
+                        "name": {"type": "string", "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$"},
+                        # null: the count is site-specific; --rdma-resource NAME=COUNT is required
+                        "count": {"type": ["integer", "null"], "minimum": 1},
+                        "why": {"type": "string", "minLength": 10},
+                    },
+                },
+                "ipc_lock": {"type": "boolean"},
+            },
+        },
+        "notes": NOTES,
+    },
+}

@@ -1,0 +1,277 @@
+"""The one typed job description shared by every backend, plus input parsing.
+
+Everything a user types goes through a parser here; a bad value raises
+``SpecError`` (the CLI turns it into one line on stderr and exit status 2).
+Nothing in this module knows about hardware: profiles and fabrics are data
+(see ``catalog.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # catalog imports this module at run time
+    from launch.catalog import Fabric, Profile
+
+DEFAULT_ENTRYPOINT = "python -m train run"
+DEFAULT_RDZV_PORT = 29400
+DEFAULT_CHECKPOINT_DIR = "/checkpoints"
+DEFAULT_GRACE_PERIOD_S = 300
+
+_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
+class SpecError(ValueError):
+    """A user input problem; reported as a single line, exit status 2."""
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Node count: fixed (``min == max``) or an elastic range."""
+
+    min: int
+    max: int
+
+    @property
+    def elastic(self) -> bool:
+        return self.min != self.max
+
+    @property
+    def multi_node(self) -> bool:
+        return self.max > 1
+
+    @property
+    def torchrun_value(self) -> str:
+        return f"{self.min}:{self.max}" if self.elastic else str(self.min)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """c10d rendezvous: where the store lives and the id every node agrees on."""
+
+    host: str | None  # None: resolved by the backend (Slurm allocation, operator, runtime env)
+    port: int
+    id: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: str | None = None  # per node (k8s cpu request, Slurm --cpus-per-task)
+    memory: str | None = None  # per node, Kubernetes quantity (e.g. 512Gi)
+
+
+@dataclass(frozen=True)
+class Debug:
+    nccl_debug: str | None = None  # NCCL_DEBUG level, off by default
+    nccl_debug_subsys: str | None = None
+    flight_recorder: int | None = None  # TORCH_FR_BUFFER_SIZE entries, off by default
+
+
+@dataclass(frozen=True)
+class NetworkOverrides:
+    """Site-specific NCCL network settings a fabric may need from the user."""
+
+    socket_ifname: str | None = None
+    ib_hca: str | None = None
+    ib_gid_index: str | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    image: str
+    profile: Profile
+    fabric: Fabric
+    nodes: Nodes
+    nproc_per_node: int
+    rdzv: Rendezvous
+    max_restarts: int
+    entrypoint: tuple[str, ...]
+    train_args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR
+    resources: Resources = field(default_factory=Resources)
+    debug: Debug = field(default_factory=Debug)
+    network: NetworkOverrides = field(default_factory=NetworkOverrides)
+    p2p_broken: bool = False
+    grace_period_s: int = DEFAULT_GRACE_PERIOD_S
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def reject_control_chars(what: str, value: str) -> str:
+    """For names, paths and images: control characters have no business there."""
+    for ch in value:
+        if ord(ch) < 0x20 or ch in "\x7f\x85\u2028\u2029":
+            raise SpecError(f"{what} contains a control character ({ch!r})")
+    return value
+
+
+def reject_nul(what: str, value: str) -> str:
+    """Arguments and environment values may hold any character except NUL, which no
+    process can receive; everything else is quoted on the way out."""
+    if "\x00" in value:
+        raise SpecError(f"{what} contains a NUL character")
+    return value
+
+
+def parse_name(value: str) -> str:
+    if not value or len(value) > 63 or not _DNS1035.fullmatch(value):
+        raise SpecError(
+            f"--name {value!r} is not a DNS-1035 label (lower-case letters, digits and '-', "
+            "starting with a letter, ending with a letter or digit, at most 63 characters)"
+        )
+    return value
+
+
+def parse_nnodes(value: str) -> Nodes:
+    text = str(value).strip()
+    parts = text.split(":")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise SpecError(f"--nnodes {value!r}: expected N or MIN:MAX (positive integers)")
+    lo, hi = (int(parts[0]), int(parts[-1]))
+    if lo < 1 or hi < 1:
+        raise SpecError(f"--nnodes {value!r}: node counts must be at least 1")
+    if lo > hi:
+        raise SpecError(f"--nnodes {value!r}: MIN ({lo}) is greater than MAX ({hi})")
+    return Nodes(lo, hi)
+
+
+def parse_positive_int(option: str, value: int, minimum: int = 1) -> int:
+    if value is None or int(value) < minimum:
+        raise SpecError(f"{option} must be at least {minimum} (got {value})")
+    return int(value)
+
+
+def parse_env_pairs(values: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in values:
+        if "=" not in item:
+            raise SpecError(f"--env {item!r}: expected NAME=VALUE")
+        name, val = item.split("=", 1)
+        if not _ENV_NAME.fullmatch(name):
+            raise SpecError(f"--env {item!r}: {name!r} is not a valid environment variable name")
+        reject_nul(f"--env {name}", val)
+        pairs.append((name, val))
+    return tuple(pairs)
+
+
+def parse_entrypoint(value: str) -> tuple[str, ...]:
+    reject_nul("--entrypoint", value)
+    try:
+        tokens = tuple(shlex.split(value))
+    except ValueError as exc:
+        raise SpecError(f"--entrypoint {value!r}: {exc}") from None
+    if not tokens:
+        raise SpecError("--entrypoint is empty")
+    return tokens
+
+
+def parse_endpoint(value: str | None, default_port: int) -> tuple[str | None, int]:
+    """``HOST[:PORT]`` (IPv6 in brackets) -> (host, port)."""
+    if value is None:
+        return None, default_port
+    text = value.strip()
+    host, port = text, default_port
+    match = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]+)(?::(\d+))?", text)
+    if match:
+        host = match.group(1)
+        if match.group(2) is not None:
+            port = int(match.group(2))
+    if not match or not _HOST.fullmatch(host):
+        raise SpecError(f"--rdzv-endpoint {value!r}: expected HOST[:PORT]")
+    return host, parse_port(port)
+
+
+def parse_port(port: int) -> int:
+    if not 1 <= int(port) <= 65535:
+        raise SpecError(f"rendezvous port {port} is outside 1..65535")
+    return int(port)
+
+
+def parse_rdzv_id(value: str) -> str:
+    if not value or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+        raise SpecError(f"--rdzv-id {value!r}: use letters, digits, '.', '_' and '-'")
+    return value
+
+
+def parse_mount(value: str) -> Mount:
+    """``SRC:DST[:ro|rw]``; paths are absolute and free of ',' ':' and control characters."""
+    parts = value.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise SpecError(f"--mount {value!r}: expected SRC:DST[:ro|rw] (paths without ':' or ',')")
+    src, dst = parts[0], parts[1]
+    for path in (src, dst):
+        check_path("--mount", path)
+    return Mount(src, dst, read_only=len(parts) == 3 and parts[2] == "ro")
+
+
+def check_path(option: str, path: str) -> str:
+    reject_control_chars(option, path)
+    if not path.startswith("/"):
+        raise SpecError(f"{option} {path!r}: must be an absolute path")
+    if "," in path or ":" in path:
+        raise SpecError(f"{option} {path!r}: ',' and ':' are not allowed in mount paths")
+    return path
+
+
+_QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+
+
+def parse_quantity(option: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not _QUANTITY.fullmatch(value):
+        raise SpecError(f"{option} {value!r}: expected a Kubernetes quantity such as 64, 500m, 512Gi")
+    return value
+
+
+_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+
+
+def parse_debug(level: str | None, subsys: str | None, fr_entries: int | None) -> Debug:
+    if level is not None and level.upper() not in _DEBUG_LEVELS:
+        raise SpecError(f"--nccl-debug {level!r}: one of {', '.join(_DEBUG_LEVELS)}")
+    if subsys is not None:
+        reject_control_chars("--nccl-debug-subsys", subsys)
+        if not re.fullmatch(r"\^?[A-Za-z_]+(,\^?[A-Za-z_]+)*", subsys):
+            raise SpecError(f"--nccl-debug-subsys {subsys!r}: comma-separated subsystem names")
+    if fr_entries is not None and fr_entries < 1:
+        raise SpecError("--flight-recorder needs a positive number of entries")
+    return Debug(level.upper() if level else None, subsys, fr_entries)
+
+
+_SAFE_TOKEN = re.compile(r"[A-Za-z0-9=^_.,:/+@-]+")
+
+
+def parse_safe_token(option: str, value: str | None) -> str | None:
+    """Values that end up in line-oriented places (#SBATCH lines, NCCL device lists)."""
+    if value is None:
+        return None
+    if not _SAFE_TOKEN.fullmatch(value):
+        raise SpecError(f"{option} {value!r}: only letters, digits and =^_.,:/+@- are allowed")
+    return value
+
+
+def torchrun_max_restarts(nodes: Nodes, requested: int | None) -> int:
+    """Elastic jobs restart the worker group on membership change; fixed jobs default to 0
+    (the scheduler - Slurm requeue, Kubernetes backoffLimit - owns retries there)."""
+    if requested is not None:
+        if requested < 0:
+            raise SpecError("--max-restarts must be 0 or more")
+        return requested
+    return 3 if nodes.elastic else 0
