@@ -3,7 +3,7 @@
 # Do not edit by hand: change the command above and render again.
 # Profile rtx-pro-6000: RTX PRO 6000 Blackwell workstation, up to 4 PCIe Gen5 GPUs, no NVLink (sm_120)
 #   GPU RTX PRO 6000 Blackwell 96GB (sm_120), PCIe Gen5 only (no NVLink); peer-to-peer over PCIe when the platform allows it
-#   FP8: e4m3, e5m2, mxfp8; image target: blackwell
+#   FP8: e4m3, e5m2; image target: blackwell
 # Fabric pcie: Single node without NVLink; GPUs talk over PCIe peer-to-peer or host shared memory
 # Note: NCCL uses PCIe peer-to-peer when the platform supports it and falls back to host memory (SHM) by itself.
 # Note: A widely copied recipe sets NCCL_P2P_DISABLE=1 here; that is only right when P2P is broken (IOMMU/ACS). Test with the NCCL tests or p2pBandwidthLatencyTest first, then use --p2p-broken.
