@@ -95,18 +95,18 @@ class CommProbe:
         return {"comm_bytes": nbytes, "exposed_comm_ms": exposed}
 
 
-def probed_hook(call, state, probe: CommProbe | None):
+def probed_hook(call, probe: CommProbe | None):
     """A DDP comm hook around ``call(state, bucket) -> (future, bytes_sent)``.
 
     Without a probe it only drops the byte count. The hook carries no annotations on
     purpose: DDP checks them, and postponed annotations would read as strings."""
 
-    def hook(state_, bucket):
+    def hook(state, bucket):
         if probe is None:
-            return call(state_, bucket)[0]
+            return call(state, bucket)[0]
         if bucket.is_last():
             probe.compute_end()
-        fut, nbytes = call(state_, bucket)
+        fut, nbytes = call(state, bucket)
         probe.add_bytes(nbytes)
         return fut.then(probe.comm_done)
 

@@ -73,8 +73,10 @@ def unpack_sum(gathered: torch.Tensor, world: int, k: int, dtype: torch.dtype, n
     vbytes = k * torch.empty((), dtype=dtype).element_size()
     out = torch.zeros(numel, dtype=dtype, device=gathered.device)
     for r in range(world):  # rank order: identical on every rank
-        vals = rows[r, :vbytes].contiguous().view(dtype)
-        idx = rows[r, vbytes:].contiguous().view(torch.int32).long()
+        # clone: a fresh, aligned buffer for each reinterpretation (a slice's byte offset
+        # need not be a multiple of the element size, e.g. bf16 values with an odd k)
+        vals = rows[r, :vbytes].clone().view(dtype)
+        idx = rows[r, vbytes:].clone().view(torch.int32).long()
         out[idx] += vals  # unique indices within a rank: no collisions
     return out
 

@@ -1,0 +1,362 @@
+"""``train bench comm``: an nccl-tests-style sweep of collectives through torch.distributed.
+
+Run under torchrun (one process per GPU, or CPU processes with ``--backend gloo``)::
+
+    torchrun --nproc-per-node 2 -m train bench comm --max-bytes 1G
+    torchrun --nproc-per-node 2 -m train bench comm --emulate-link ethernet --ops all_reduce
+
+For every operation, dtype and message size (``--min-bytes`` .. ``--max-bytes``, times
+``--factor``): warm-up, then timed iterations; the time of an iteration is measured
+with CUDA events around the call on the current stream (``perf_counter`` on CPU), the
+median is taken per rank and the slowest rank's median is reported, with algbw and
+busbw as nccl-tests defines them (``train.comm.bandwidth``). Slow sizes get fewer
+iterations (``--max-seconds`` per size, at least 3), sized by the slowest rank's
+second call (the first sets up lazily) so that all ranks run the same collectives.
+
+Also: a P2P bandwidth matrix (send/recv between each ordered pair of ranks, the others
+idle) and a reference: all_reduce at the largest size timed by a plain loop over
+``dist.all_reduce`` (no events, no per-iteration bookkeeping) to check that the bench's
+machinery does not distort the number.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import click
+import torch
+import torch.distributed as dist
+
+from train.comm.bandwidth import OPS, algbw, bus_factor, busbw
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"8"``, ``"64K"``, ``"1M"``, ``"4G"``, ``"1GiB"``, ``"512MB"`` -> bytes (binary units, as nccl-tests)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 8, 64K, 1M, 4G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def size_range(lo: int, hi: int, factor: int) -> list[int]:
+    if lo < 1 or hi < lo:
+        raise ValueError(f"need 1 <= min-bytes <= max-bytes, got {lo}..{hi}")
+    if factor < 2:
+        raise ValueError(f"--factor must be >= 2, got {factor}")
+    sizes, s = [], lo
+    while s <= hi:
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+class _Clock:
+    """Per-iteration timing on the device; slowest-rank reductions."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def max_over_ranks(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def wall(self, fn) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - t0
+
+    def per_iteration(self, fn, n: int) -> list[float]:
+        if not self.cuda:
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+            return out
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in pairs:
+            start.record()
+            fn()
+            end.record()
+        self.sync()
+        return [s.elapsed_time(e) / 1e3 for s, e in pairs]
+
+
+def measure(clock: _Clock, fn, warmup: int, iters: int, max_seconds: float) -> tuple[float, int]:
+    """(slowest rank's median seconds per call, iterations timed)."""
+    fn()  # first call: lazy setup (e.g. NCCL's P2P connections), not timed
+    est = clock.max_over_ranks(clock.wall(fn))  # second: the estimate that sizes the rest
+    n_warm = max(0, min(warmup - 2, int(0.2 * max_seconds / max(est, 1e-9))))
+    n_iter = max(3, min(iters, int(0.8 * max_seconds / max(est, 1e-9))))
+    for _ in range(n_warm):
+        fn()
+    clock.sync()
+    times = clock.per_iteration(fn, n_iter)
+    return clock.max_over_ranks(statistics.median(times)), n_iter
+
+
+def _op_callable(op: str, nbytes: int, dtype: torch.dtype, device, rank: int, world: int):
+    """(fn, reported size in bytes, element count) or None when the size is too small."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    count = nbytes // elem
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        count -= count % world
+    if count < (world if op in ("all_gather", "reduce_scatter", "all_to_all") else 1):
+        return None
+    size = count * elem
+
+    def zeros(n):
+        return torch.zeros(n, dtype=dtype, device=device)
+
+    if op == "all_reduce":
+        x = zeros(count)
+        return (lambda: dist.all_reduce(x)), size, count
+    if op == "broadcast":
+        x = zeros(count)
+        return (lambda: dist.broadcast(x, src=0)), size, count
+    if op == "all_gather":
+        inp, out = zeros(count // world), zeros(count)
+        return (lambda: dist.all_gather_into_tensor(out, inp)), size, count
+    if op == "reduce_scatter":
+        inp, out = zeros(count), zeros(count // world)
+        return (lambda: dist.reduce_scatter_tensor(out, inp)), size, count
+    if op == "all_to_all":
+        inp, out = zeros(count), zeros(count)
+        return (lambda: dist.all_to_all_single(out, inp)), size, count
+    if op == "send_recv":
+        x, y = zeros(count), zeros(count)
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+
+        def ring():
+            ops = [dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, y, prv)]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+
+        return ring, size, count
+    raise ValueError(f"unknown op {op!r}")
+
+
+def raw_allreduce_reference(device, dtype: torch.dtype, nbytes: int, warmup: int, iters: int) -> float:
+    """Seconds per ``dist.all_reduce`` of ``nbytes``: a plain loop, timed as a whole."""
+    x = torch.zeros(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=device)
+    for _ in range(warmup):
+        dist.all_reduce(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    _Clock(device).max_over_ranks(0.0)  # start together
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = (time.perf_counter() - t0) / iters
+    t = torch.tensor([elapsed], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def p2p_matrix(clock: _Clock, nbytes: int, device, rank: int, world: int, warmup: int, iters: int,
+               max_seconds: float) -> list[dict]:
+    """Unidirectional send->recv bandwidth for every ordered pair (src, dst)."""
+    count = max(1, nbytes // 4)
+    buf = torch.zeros(count, dtype=torch.float32, device=device)
+    rows = []
+    for src in range(world):
+        for dst in range(world):
+            if src == dst:
+                continue
+            if rank == src:
+                def fn(dst=dst):
+                    dist.send(buf, dst)
+            elif rank == dst:
+                def fn(src=src):
+                    dist.recv(buf, src)
+            else:
+                def fn():
+                    return None
+            sec, n = measure(clock, fn, warmup, iters, max_seconds)
+            rows.append({"src": src, "dst": dst, "bytes": count * 4, "iters": n, "time_us": sec * 1e6,
+                         "bw_GBps": algbw(count * 4, sec)})
+    return rows
+
+
+def _chart_sweep(ax, rows):
+    series: dict[str, list] = {}
+    for r in rows:
+        if r.get("busbw_GBps") is not None and not r["op"].endswith("(raw loop)"):
+            series.setdefault(f"{r['op']} {r['dtype']}", []).append((r["bytes"], r["busbw_GBps"]))
+    for label, pts in series.items():
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker=".", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title("collectives: bus bandwidth vs message size")
+    if series:
+        ax.legend(fontsize=8)
+
+
+def _chart_p2p(ax, rows):
+    import numpy as np
+
+    n = max([max(r["src"], r["dst"]) for r in rows], default=0) + 1
+    m = np.zeros((n, n))
+    for r in rows:
+        m[r["src"], r["dst"]] = r["bw_GBps"]
+    im = ax.imshow(m, cmap="viridis")
+    for r in rows:
+        ax.text(r["dst"], r["src"], f"{r['bw_GBps']:.1f}", ha="center", va="center", color="w", fontsize=8)
+    ax.set_xlabel("dst rank")
+    ax.set_ylabel("src rank")
+    ax.set_title("P2P send/recv bandwidth (GB/s)")
+    ax.figure.colorbar(im, ax=ax)
+
+
+SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps", "busbw_GBps"]
+
+
+@click.command("comm")
+@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True,
+              help="nccl on GPUs (auto when CUDA is present), gloo on CPU tensors.")
+@click.option("--ops", default=",".join(OPS), show_default=True, help="Comma-separated collectives.")
+@click.option("--dtype", "dtypes", default="float32", show_default=True,
+              help=f"Comma-separated dtypes ({', '.join(DTYPES)}).")
+@click.option("--min-bytes", default="8", show_default=True)
+@click.option("--max-bytes", default="1G", show_default=True)
+@click.option("--factor", type=int, default=2, show_default=True, help="Size multiplier between steps.")
+@click.option("--warmup", type=int, default=5, show_default=True)
+@click.option("--iters", type=int, default=20, show_default=True)
+@click.option("--max-seconds", type=float, default=2.0, show_default=True,
+              help="Time cap per (op, dtype, size): fewer iterations (>= 3) for slow sizes.")
+@click.option("--p2p/--no-p2p", default=True, show_default=True, help="P2P bandwidth matrix over all pairs.")
+@click.option("--p2p-bytes", default="256M", show_default=True)
+@click.option("--raw/--no-raw", default=True, show_default=True,
+              help="Plain-loop dist.all_reduce reference at the largest size.")
+@click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None,
+              help="Set NCCL_P2P_DISABLE / NCCL_SHM_DISABLE before init (docs/communication.md).")
+@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
+@click.option("--name", default=None, help="Report name (default: comm, or comm_<link>).")
+def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p, p2p_bytes,
+             raw, emulate_link, out_dir, name) -> None:
+    """Collective bandwidth sweep (nccl-tests style) + P2P matrix. Run under torchrun."""
+    from train.cli import fail
+
+    try:
+        op_list = [o.strip() for o in ops.split(",") if o.strip()]
+        for o in op_list:
+            bus_factor(o, 2)
+        dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
+        for d in dtype_list:
+            if d not in DTYPES:
+                raise ValueError(f"--dtype: unknown {d!r} (known: {', '.join(DTYPES)})")
+        sizes = size_range(parse_size(min_bytes), parse_size(max_bytes), factor)
+        p2p_size = parse_size(p2p_bytes)
+        if warmup < 1 or iters < 1 or max_seconds <= 0:
+            raise ValueError("--warmup and --iters must be >= 1, --max-seconds > 0")
+    except ValueError as exc:
+        fail(str(exc), 2)
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        fail("train bench comm needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)", 2)
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+
+    from train import dist as tdist
+    from train.bench.compression import have_matplotlib
+    from train.bench.report import environment_meta, write_report
+    from train.comm.links import emulate_link as apply_link, nccl_environment
+
+    try:
+        apply_link(emulate_link)
+        info = tdist.init_distributed("cuda" if backend == "nccl" else "cpu", timeout_s=900)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc), 1)
+    try:
+        rows, p2p_rows, ref = _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds,
+                                   p2p_size if p2p else 0, raw)
+    finally:
+        tdist.shutdown()
+    if not info.is_main:
+        return
+    name = name or ("comm" + (f"_{emulate_link}" if emulate_link else ""))
+    meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), "backend": backend,
+            "world_size": info.world_size, "emulate_link": emulate_link or "none",
+            "nccl_env": nccl_environment() or "defaults",
+            "timing": "median of per-iteration CUDA events (perf_counter on CPU), slowest rank"}
+    if ref:
+        meta["raw_reference"] = ref
+    table = write_report(out_dir, name, rows, SWEEP_COLUMNS + ["error"] * any("error" in r for r in rows),
+                         meta, chart=_chart_sweep if have_matplotlib() else None)
+    click.echo(table)
+    if p2p_rows:
+        click.echo("")
+        p2p_cols = ["src", "dst", "bytes", "iters", "time_us", "bw_GBps"]
+        click.echo(write_report(out_dir, f"{name}_p2p", p2p_rows, p2p_cols, meta,
+                                chart=_chart_p2p if have_matplotlib() else None))
+    if ref:
+        click.echo(f"\nall_reduce {ref['dtype']} {human(ref['bytes'])}: "
+                   f"bench busbw {ref['bench_busbw_GBps']:.2f} GB/s, raw loop {ref['raw_busbw_GBps']:.2f} GB/s "
+                   f"({ref['diff_pct']:+.2f}%)")
+    click.echo(f"wrote {out_dir / name}.json/.md/.png")
+
+
+def _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds, p2p_bytes, raw):
+    clock = _Clock(info.device)
+    world, rank = info.world_size, info.rank
+    rows: list[dict] = []
+    ref = None
+    for op in op_list:
+        for dname in dtype_list:
+            dtype = DTYPES[dname]
+            for nbytes in sizes:
+                built = _op_callable(op, nbytes, dtype, info.device, rank, world)
+                if built is None:
+                    continue
+                fn, size, count = built
+                row = {"op": op, "dtype": dname, "size": human(size), "bytes": size, "count": count}
+                try:
+                    sec, n = measure(clock, fn, warmup, iters, max_seconds)
+                    row.update(iters=n, time_us=sec * 1e6, algbw_GBps=algbw(size, sec),
+                               busbw_GBps=busbw(op, size, sec, world))
+                except (RuntimeError, ValueError) as exc:  # e.g. a dtype the backend lacks
+                    row.update(error=" ".join(str(exc).split())[:160])
+                rows.append(row)
+                del fn
+        if op == "all_reduce" and raw:
+            largest = [r for r in rows if r["op"] == "all_reduce" and r["dtype"] == dtype_list[0] and "busbw_GBps" in r]
+            if largest:
+                last = largest[-1]
+                sec = raw_allreduce_reference(info.device, DTYPES[dtype_list[0]], last["bytes"],
+                                              max(1, min(warmup, last["iters"] // 4)), last["iters"])
+                raw_bus = busbw("all_reduce", last["bytes"], sec, world)
+                rows.append({"op": "all_reduce (raw loop)", "dtype": dtype_list[0], "size": last["size"],
+                             "bytes": last["bytes"], "count": last["count"], "iters": last["iters"],
+                             "time_us": sec * 1e6, "algbw_GBps": algbw(last["bytes"], sec), "busbw_GBps": raw_bus})
+                ref = {"dtype": dtype_list[0], "bytes": last["bytes"], "bench_busbw_GBps": last["busbw_GBps"],
+                       "raw_busbw_GBps": raw_bus, "diff_pct": 100.0 * (last["busbw_GBps"] / raw_bus - 1)}
+    if info.device.type == "cuda":
+        torch.cuda.empty_cache()
+    p2p_rows = p2p_matrix(clock, p2p_bytes, info.device, rank, world, warmup, iters, max_seconds) if p2p_bytes else []
+    return rows, p2p_rows, ref

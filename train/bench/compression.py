@@ -1,0 +1,232 @@
+"""``train bench compression``: what each gradient-communication scheme buys on this link.
+
+Run under torchrun; every variant is a real training run through :class:`train.trainer.Trainer`
+(one Trainer per variant, same seed, data and initial weights) with ``comm.measure=true``::
+
+    torchrun --nproc-per-node 2 -m train bench compression --preset 350m --steps 30 --emulate-link ethernet
+
+Per variant: mean step time, speed-up over ``none``, exposed (non-overlapped)
+communication ms per step (``train.comm.overlap``), bytes this rank handed to
+collectives per step (from the hook's actual tensors), and the loss at the end.
+
+Compression (PowerSGD, Top-K) and LocalSGD all start after ``--start-iter`` plain
+steps; timing uses a window of steps after that (a whole number of LocalSGD periods,
+so that averaging steps are counted in proportion), the loss is averaged over the last
+``--loss-window`` steps (mean over ranks of each step's batch loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import os
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import click
+import torch
+
+def have_matplotlib() -> bool:
+    """Charts are optional: a machine without matplotlib still gets JSON and Markdown."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("[bench] matplotlib is not installed: no PNG chart", file=sys.stderr)
+        return False
+    return True
+
+
+DEFAULT_VARIANTS = "none,fp16,powersgd:1,powersgd:4,powersgd:8,topk:0.01,localsgd:4"
+
+
+def variant_overrides(spec: str) -> tuple[str, list[str]]:
+    """``"powersgd:4"`` -> (``"powersgd r=4"``, ``["comm.hook=powersgd", "comm.powersgd_rank=4"]``)."""
+    kind, _, arg = spec.strip().partition(":")
+    if kind in ("none", "fp16", "bf16") and not arg:
+        return kind, [f"comm.hook={kind}"]
+    if kind == "powersgd":
+        rank = int(arg or 4)
+        return f"powersgd r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}"]
+    if kind == "topk":
+        ratio = float(arg or 0.01)
+        return f"topk {ratio * 100:g}%", ["comm.hook=topk", f"comm.topk_ratio={ratio}"]
+    if kind == "localsgd":
+        period = int(arg or 4)
+        return f"localsgd {period}", ["comm.hook=localsgd", f"comm.localsgd_period={period}"]
+    raise ValueError(f"--variants: unknown {spec!r} (none, fp16, bf16, powersgd:R, topk:RATIO, localsgd:PERIOD)")
+
+
+def timing_window(steps: int, start_iter: int, period: int) -> tuple[int, int]:
+    """1-based inclusive step range timed: after ``start_iter`` plain steps and two more
+    (allocator/bucket settling), trimmed from the front to a multiple of ``period``."""
+    first = min(steps, start_iter + 3)
+    length = steps - first + 1
+    if length >= period:
+        length -= length % period
+    return steps - length + 1, steps
+
+
+def summarize(rows: list[dict], window: tuple[int, int], loss_window: int) -> dict:
+    timed = [r for r in rows if window[0] <= r["step"] <= window[1]]
+    last = rows[-loss_window:]
+    mean = statistics.fmean
+    return {
+        "step_ms": mean(r["step_time_s"] for r in timed) * 1e3,
+        "exposed_comm_ms": mean(r.get("exposed_comm_ms", float("nan")) for r in timed),
+        "MB_per_step": mean(r.get("comm_bytes", float("nan")) for r in timed) / 1e6,
+        "tokens_per_s": mean(r["tokens_per_s"] for r in timed),
+        "loss": mean(r["loss"] for r in last),
+        "loss_last": rows[-1]["loss"],
+        "steps": rows[-1]["step"],
+    }
+
+
+def _chart(ax, rows):
+    ok = [r for r in rows if r.get("step_ms") is not None]
+    names = [r["variant"] for r in ok]
+    step = [r["step_ms"] for r in ok]
+    exposed = [min(r["exposed_comm_ms"], r["step_ms"]) if r["exposed_comm_ms"] == r["exposed_comm_ms"] else 0
+               for r in ok]
+    ax.bar(names, step, label="step time (ms)", color="#4c72b0")
+    ax.bar(names, exposed, label="exposed comm (ms)", color="#dd8452")
+    for i, r in enumerate(ok):
+        if r.get("speedup"):
+            ax.text(i, r["step_ms"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("ms per step")
+    ax.set_title("gradient communication schemes: step time and exposed communication")
+    ax.tick_params(axis="x", rotation=20)
+    ax.legend()
+
+
+COLUMNS = ["variant", "step_ms", "speedup", "exposed_comm_ms", "MB_per_step", "tokens_per_s", "loss",
+           "loss_vs_none_pct"]
+
+
+@click.command("compression")
+@click.option("--preset", default="350m", show_default=True, help="Model preset (model.name).")
+@click.option("--config", "config_path", default=None,
+              help="Base config (file or preset name); default: train/configs/<preset>.yaml if it exists.")
+@click.option("--steps", type=int, default=30, show_default=True)
+@click.option("--batch", type=int, default=None, help="Micro-batch per rank (train.batch_size).")
+@click.option("--seq", type=int, default=None, help="Sequence length (train.seq_len).")
+@click.option("--variants", default=DEFAULT_VARIANTS, show_default=True)
+@click.option("--start-iter", type=int, default=3, show_default=True,
+              help="Plain DDP steps before compression / local SGD start (>= 2).")
+@click.option("--loss-window", type=int, default=5, show_default=True, help="Loss = mean over the last N steps.")
+@click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None)
+@click.option("--measure/--no-measure", default=True, show_default=True,
+              help="Exposed comm time and bytes (routes hook=none through torch's allreduce_hook).")
+@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=None,
+              help="Where each variant's run (metrics.jsonl, log) goes; default: OUT/compression_runs.")
+@click.option("--name", default=None, help="Report name (default: compression, or compression_<link>).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Extra config overrides for every variant.")
+def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter, loss_window, emulate_link, measure,
+                    out_dir, runs_dir, name, overrides) -> None:
+    """Step time, bytes, exposed comm and loss for each gradient-communication scheme."""
+    from train import preflight
+    from train.cli import fail
+    from train.config import CONFIG_DIR, ConfigError, load_config
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world < 2:
+        fail("train bench compression needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)", 2)
+    if config_path is None and (CONFIG_DIR / f"{preset}.yaml").is_file():
+        config_path = preset
+    base = [f"model.name={preset}", f"train.steps={steps}", "train.log_every=1", "checkpoint.final=false",
+            "checkpoint.every=0", "checkpoint.resume=never", "metrics.progress=false", f"comm.measure={measure}",
+            f"comm.powersgd_start_iter={start_iter}", f"comm.topk_start_iter={start_iter}",
+            f"comm.localsgd_warmup={start_iter}"]
+    base += [f"train.batch_size={batch}"] * (batch is not None) + [f"train.seq_len={seq}"] * (seq is not None)
+    base += list(overrides)
+    jobs = []
+    try:
+        for spec in [v for v in variants.split(",") if v.strip()]:
+            label, extra = variant_overrides(spec)
+            job = load_config(config_path, base + extra)
+            preflight.check_job(job, world)
+            jobs.append((label, job))
+        if not jobs:
+            raise ConfigError("--variants: nothing to run")
+        if loss_window < 1 or steps < 2:
+            raise ConfigError("--loss-window must be >= 1 and --steps >= 2")
+    except (ConfigError, ValueError) as exc:
+        fail(str(exc), 2)
+
+    from train import dist as tdist
+    from train.bench.report import environment_meta, write_report
+    from train.comm.links import emulate_link as apply_link, nccl_environment
+
+    try:
+        apply_link(emulate_link)
+        info = tdist.init_distributed(jobs[0][1].train.device, jobs[0][1].train.timeout_s)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc), 1)
+    periods = [j.comm.localsgd_period for _, j in jobs if j.comm.hook == "localsgd"] or [1]
+    window = timing_window(steps, start_iter, math.lcm(*periods))
+    rows = []
+    try:
+        for label, job in jobs:
+            rows.append(_run_variant(label, job, info, runs_dir or out_dir / "compression_runs", window, loss_window))
+    finally:
+        tdist.shutdown()
+    if not info.is_main:
+        return
+    base_row = next((r for r in rows if r["variant"] == "none" and r.get("step_ms")), None)
+    for r in rows:
+        if base_row and r.get("step_ms"):
+            r["speedup"] = base_row["step_ms"] / r["step_ms"]
+            r["loss_vs_none_pct"] = 100.0 * (r["loss"] / base_row["loss"] - 1)
+    j0 = jobs[0][1]
+    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
+    meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), "world_size": info.world_size,
+            "model": j0.model.name, "batch": f"{j0.train.batch_size}x{j0.train.seq_len} per rank",
+            "steps": steps, "timed_steps": f"{window[0]}..{window[1]}", "loss": f"mean of the last {loss_window} steps",
+            "start_iter": start_iter, "emulate_link": emulate_link or "none",
+            "nccl_env": nccl_environment() or "defaults",
+            "bytes": "per rank per step, handed to collectives (incl. LocalSGD averaging, amortised)",
+            "exposed_comm": "backward compute end -> last gradient collective done, + averaging (train.comm.overlap)"}
+    cols = COLUMNS + ["error"] * any("error" in r for r in rows)
+    click.echo(write_report(out_dir, name, rows, cols, meta, chart=_chart if have_matplotlib() else None))
+    click.echo(f"wrote {out_dir / name}.json/.md/.png; per-variant runs under "
+               f"{runs_dir or out_dir / 'compression_runs'}")
+
+
+def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int) -> dict:
+    from train import dist as tdist
+    from train.metrics import read_metrics
+    from train.trainer import Trainer
+
+    vdir = runs_dir / label.replace(" ", "_").replace("=", "").replace("%", "pct")
+    if info.is_main:
+        shutil.rmtree(vdir, ignore_errors=True)
+        vdir.mkdir(parents=True)
+    tdist.barrier(info)
+    row: dict = {"variant": label}
+    trainer = None
+    try:
+        log = open(vdir / f"train_rank{info.rank}.log", "w") if info.is_main else open(os.devnull, "w")
+        with log, contextlib.redirect_stdout(log):
+            trainer = Trainer(job, info, vdir)
+            print(trainer.describe(), flush=True)
+            trainer.fit()
+        if info.is_main:
+            metrics = read_metrics(vdir / "metrics.jsonl")
+            row.update(summarize(metrics, window, loss_window))
+            row["loss_curve"] = [m["loss"] for m in metrics]
+            print(f"[bench] {label}: {row['step_ms']:.1f} ms/step, exposed comm {row['exposed_comm_ms']:.1f} ms, "
+                  f"{row['MB_per_step']:.2f} MB/step, loss {row['loss']:.4f}", file=sys.stderr, flush=True)
+    except (RuntimeError, ValueError, OSError) as exc:  # e.g. out of memory: report it, go on
+        row["error"] = " ".join(str(exc).split())[:200]
+        print(f"[bench] {label}: failed: {row['error']}", file=sys.stderr, flush=True)
+    finally:
+        del trainer
+        gc.collect()
+        if info.device.type == "cuda":
+            torch.cuda.empty_cache()
+    tdist.barrier(info)
+    return row
