@@ -42,3 +42,16 @@ def fp8_kinds(capability: tuple[int, int]) -> tuple[str, ...]:
     if capability in FP8_BY_CAPABILITY:
         return FP8_BY_CAPABILITY[capability]
     return ("e4m3/e5m2",) if capability >= (8, 9) else ()
+
+
+# compute capability -> FP8 training backends with an MXFP8 (1x32 blocks, e8m0 scales) recipe.
+# Transformer Engine's MXFP8 recipe targets sm_100 only; torchao's MX path gates on
+# sm >= 10.0, which admits sm_120 (RTX Pro 6000) too (not measured here).
+MXFP8_BACKENDS_BY_CAPABILITY: dict[tuple[int, int], tuple[str, ...]] = {
+    (10, 0): ("torchao", "te"),  # B200 / GB200
+    (12, 0): ("torchao",),  # RTX Pro 6000 Blackwell: no TE MXFP8
+}
+
+
+def mxfp8_backends(capability: tuple[int, int]) -> tuple[str, ...]:
+    return MXFP8_BACKENDS_BY_CAPABILITY.get(capability, ())

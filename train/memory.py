@@ -1,0 +1,466 @@
+"""Per-GPU memory estimate of one training step of a Llama preset, without torch.
+
+What is counted is what ``torch.cuda.max_memory_allocated`` sees for ``train run``:
+tensors the caching allocator hands out. The CUDA context, NCCL buffers and allocator
+fragmentation are not in it; :func:`recommend` leaves headroom for them.
+
+Persistent state (``P`` parameters on this GPU, after sharding)
+    params     fp32 master weights, ``4 P`` (+ the RoPE buffer)
+    grads      fp32, ``4 P``. DDP keeps them in its buckets for the whole run; one
+               process and FSDP2 free them at ``zero_grad(set_to_none=True)``
+    optimizer  AdamW ``m`` and ``v`` in fp32, ``8 P``, + a 4-byte step counter per tensor
+
+Compute weights (bf16)
+    autocast   ``torch.autocast`` caches a bf16 copy of every ``nn.Linear`` weight for
+               the forward; without AC the linears also save them for backward
+               (``2 P_linear``). With full AC only the output projection's copy and the
+               copies of the block being recomputed are alive at backward time.
+    FSDP2      ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the root
+               (embedding, final norm, output) stays unsharded in bf16 from forward to
+               backward; about two blocks are unsharded at a time (current + prefetch).
+               During backward one block's bf16 gradients plus its fp32 reduce-scatter
+               input, and the output projection's bf16 gradient, are in flight.
+
+Activations saved for backward, per block (Korthikanti et al. 2022, "Reducing
+Activation Recomputation in Large Transformer Models", adapted: SwiGLU MLP, GQA with
+K/V repeated to the query heads, fused SDPA/flash attention so no ``s x s`` score
+matrix, RMSNorm, fp32 residual stream under autocast). With ``T = b s`` tokens,
+``d`` model dim, ``f`` FFN hidden, ``h`` query heads, ``c`` = 2 bytes (bf16), TP
+degree ``t`` with sequence-parallel norms::
+
+    A_block = T * [ 2 * 4d / t          RMSNorm inputs (fp32: the fused kernel saves input
+                                        + rstd; the residual stream is fp32 under autocast)
+                  + 2 * 4 / t           rstd of both norms
+                  + 3 * c d             bf16 casts of the norm output saved by wq, wk, wv
+                  + 2 * c d             ... by w1, w3 (autocast casts per op, no sharing)
+                  + 4 * c d / t         q, k and v repeated to h heads, attention output
+                  + 4 * c f / t ]       w1 out, w3 out, silu(w1 out), their product (w2 in)
+              + 4 * b h s / t           attention logsumexp (fp32)
+
+i.e. ``T (8d/t + 5 c d + 4 c d/t + 4 c f/t)`` plus small terms: ``T (26 d + 8 f)`` bytes
+for bf16 without TP. (The CPU rms_norm is not fused and saves its normalised output
+too: ``+ 4d`` per norm; ``fused_norm=False``.) The linear inputs are all-gathered
+under sequence parallelism, so they do not shrink with ``t``.
+
+FSDP2 with bf16 params makes the residual stream bf16. torch >= 2.12 autocast runs
+rms_norm in fp32 anyway (an fp32 copy of the input is saved, the formula above holds);
+torch <= 2.11 runs it in bf16: the norm saves its bf16 input and the three (two)
+projections share one bf16 input, ``T (4d/t + 2 c d + 4 c d/t + 4 c f/t)``
+(``Plan.norm_fp32``, from :func:`norm_fp32_in_autocast`).
+
+Head: final norm input (fp32) + rstd + the bf16 input of the output projection +
+``log_softmax`` output (fp32, ``4 T V``) + input and target token ids (int64).
+Loss buffers at the start of backward: the bf16 logits the trainer still holds
+(``c T V``), the ``nll_loss`` gradient and the ``log_softmax`` gradient (``4 T V`` each).
+Under TP the logits are all-gathered to full size unless ``loss_parallel``.
+
+Activation checkpointing: ``full`` wraps every block, so only block inputs are saved
+(``T d r`` each, ``r`` = residual bytes: 4 under autocast, 2 with FSDP2 bf16 params);
+backward recomputes one block at a time, adding one ``A_block`` and that block's
+bf16 weight copies. ``selective`` checkpoints every ``ac_every``-th block.
+
+Peak = max over the phases of a step:
+    forward    persistent + grads kept by DDP + autocast weight cache + saved
+               activations (no loss yet) + bf16 logits
+    backward   (start) persistent + grads kept by DDP + saved weights + all saved
+               activations + loss buffers + FSDP gradient buffers
+    recompute  (AC only, at each checkpointed block j) persistent + gradients written
+               so far (blocks >= j, output projection) + what blocks < j saved + the
+               logits the trainer holds + one recomputed block + two residual gradients
+    step       persistent + all gradients (optimizer step)
+
+Checked on the CPU against torch.profiler's allocation timeline of a real step (equal
+without AC, within a few % with AC; tests/doctor) and on GPUs against
+``torch.cuda.max_memory_allocated`` (``train doctor --measure``, scripts/gpu/doctor.sh).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from train.models.presets import ModelConfig
+
+GiB = 2**30
+STRATEGIES = ("single", "ddp", "fsdp", "tp")
+AC_MODES = ("none", "full", "selective")
+# Headroom: the allocator may hand out this fraction of a GPU's memory; the rest is for
+# the CUDA context, NCCL buffers and fragmentation (a policy, not a measurement).
+USABLE_FRACTION = 0.90
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def param_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """``(name, shape)`` of every parameter of ``train.models.llama.Transformer``, in
+    ``named_parameters()`` order."""
+    d, hd, f, v = cfg.dim, cfg.head_dim, cfg.hidden_dim, cfg.vocab_size
+    q, kv = cfg.n_heads * hd, cfg.kv_heads * hd
+    shapes: list[tuple[str, tuple[int, ...]]] = [("tok_embeddings.weight", (v, d))]
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        shapes += [
+            (p + "attention_norm.weight", (d,)),
+            (p + "attention.wq.weight", (q, d)),
+            (p + "attention.wk.weight", (kv, d)),
+            (p + "attention.wv.weight", (kv, d)),
+            (p + "attention.wo.weight", (d, q)),
+            (p + "ffn_norm.weight", (d,)),
+            (p + "feed_forward.w1.weight", (f, d)),
+            (p + "feed_forward.w3.weight", (f, d)),
+            (p + "feed_forward.w2.weight", (d, f)),
+        ]
+    shapes += [("norm.weight", (d,)), ("output.weight", (v, d))]
+    return shapes
+
+
+def param_count(cfg: ModelConfig) -> int:
+    return sum(math.prod(s) for _, s in param_shapes(cfg))
+
+
+# nn.Linear weights sharded along dim 1 by tensor parallelism (row-wise); every other
+# linear, the embedding and the output projection are sharded along dim 0.
+_ROWWISE = ("attention.wo.weight", "feed_forward.w2.weight")
+
+
+def _tp_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    if tp == 1 or len(shape) == 1:  # norms are replicated
+        return shape
+    if name.endswith(_ROWWISE):
+        return (shape[0], math.ceil(shape[1] / tp))
+    return (math.ceil(shape[0] / tp), *shape[1:])
+
+
+def _local_numel(name: str, shape: tuple[int, ...], tp: int, shard: int) -> int:
+    """Elements on one GPU: TP shard, then FSDP2's dim-0 shard (padded to ceil)."""
+    s = _tp_shape(name, shape, tp)
+    return math.ceil(s[0] / shard) * math.prod(s[1:])
+
+
+def _is_linear(name: str) -> bool:
+    return name.endswith("weight") and ("attention.w" in name or "feed_forward.w" in name or name == "output.weight")
+
+
+def norm_fp32_in_autocast(torch_version: str) -> bool:
+    """torch 2.12 put ``rms_norm`` on CUDA autocast's fp32 list: with bf16 inputs (FSDP2
+    bf16 params) it then saves an fp32 copy and each linear casts the fp32 output back."""
+    parts = torch_version.split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 12)
+    except (IndexError, ValueError):
+        return True
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the job is laid out: strategy over ``gpus`` GPUs, TP degree, AC mode."""
+
+    strategy: str = "single"  # single | ddp | fsdp | tp (tp: FSDP2 over gpus/tp, TP inside)
+    gpus: int = 1
+    tp: int = 1
+    ac: str = "none"  # none | full | selective
+    ac_every: int = 2
+    precision: str = "bf16"  # bf16 (autocast, fp32 master weights) | fp32
+    fused_norm: bool = True  # CUDA: fused rms_norm saves input + rstd; CPU saves the output too
+    loss_parallel: bool = False  # TP: logits stay sharded over the vocabulary (parallel.loss_parallel)
+    norm_fp32: bool = True  # CUDA autocast runs rms_norm in fp32 (torch >= 2.12; see norm_fp32_in_autocast)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.ac not in AC_MODES:
+            raise ValueError(f"ac must be one of {', '.join(AC_MODES)}, got {self.ac!r}")
+        if self.precision not in ("bf16", "fp32"):
+            raise ValueError(f"precision must be bf16 or fp32, got {self.precision!r}")
+        if self.gpus < 1 or self.tp < 1 or self.gpus % self.tp:
+            raise ValueError(f"gpus={self.gpus} must be a multiple of tp={self.tp}")
+        if self.strategy != "tp" and self.tp != 1:
+            raise ValueError("tp > 1 needs strategy='tp'")
+        if self.strategy == "single" and self.gpus != 1:
+            raise ValueError("strategy='single' means one GPU")
+
+    @property
+    def shard(self) -> int:
+        """FSDP2 shard degree (1 when parameters are replicated)."""
+        if self.strategy == "fsdp":
+            return self.gpus
+        if self.strategy == "tp":
+            return self.gpus // self.tp
+        return 1
+
+    @property
+    def fsdp(self) -> bool:
+        """Parameters go through ``fully_shard`` (TP runs under strategy=fsdp here)."""
+        return self.strategy in ("fsdp", "tp")
+
+    @property
+    def residual_bytes(self) -> int:
+        """The residual stream is fp32 (fp32 params under autocast) or bf16 (FSDP2 bf16 params)."""
+        return 2 if (self.fsdp and self.precision == "bf16") else 4
+
+    @property
+    def norm_bytes(self) -> int:
+        """dtype of the RMSNorm input kept for backward (and of its output)."""
+        return 4 if (self.residual_bytes == 4 or self.norm_fp32) else 2
+
+    @property
+    def label(self) -> str:
+        name = {"single": "1 GPU", "ddp": "DDP", "fsdp": "FSDP2", "tp": f"TP{self.tp}"}[self.strategy]
+        if self.strategy == "tp" and self.shard > 1:
+            name = f"FSDP2x{self.shard}+TP{self.tp}"
+        return name + {"none": "", "full": " + AC", "selective": f" + AC/{self.ac_every}"}[self.ac]
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes on one GPU. ``peak`` is the largest of ``phases``."""
+
+    plan: Plan
+    batch: int
+    seq: int
+    params: int
+    buffers: int
+    grads: int
+    optimizer: int
+    weights_forward: int  # bf16 compute copies / unsharded params alive at the end of forward
+    weights_backward: int  # ... at the start of backward
+    activations: int  # everything saved for backward, loss head included
+    activation_per_block: int
+    tokens: int  # int64 inputs + targets (part of activations)
+    loss_buffers: int
+    fsdp_buffers: int
+    phases: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases.values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k != "plan"}
+        out.update(strategy=self.plan.strategy, label=self.plan.label, gpus=self.plan.gpus, tp=self.plan.tp,
+                   shard=self.plan.shard, ac=self.plan.ac, precision=self.plan.precision,
+                   peak=self.peak, peak_phase=self.peak_phase)
+        return out
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def block_activation_bytes(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> int:
+    """Bytes one transformer block saves for backward (see the module docstring)."""
+    t = plan.tp
+    tokens = batch * seq
+    d, f, h, hd = cfg.dim, cfg.hidden_dim, cfg.n_heads, cfg.head_dim
+    c = 2 if plan.precision == "bf16" else 4
+    per_norm = plan.norm_bytes * d * (1 if plan.fused_norm else 2)  # fused: input; unfused: input + output
+    casts = c != plan.norm_bytes  # autocast casts the fp32 norm output once per linear
+    per_token = (
+        2 * per_norm / t
+        + 2 * 4 / t  # rstd
+        + (3 if casts else 1) * c * d  # input(s) of wq, wk, wv (full size under SP)
+        + (2 if casts else 1) * c * d  # input(s) of w1, w3
+        + 4 * c * h * hd / t  # q, k, v (repeated to h heads), attention output
+        + 4 * c * f / t  # SwiGLU: w1 out, w3 out, silu, product
+    )
+    return int(round(tokens * per_token)) + 4 * batch * h * seq // t  # + logsumexp
+
+
+def _vocab_shards(plan: Plan) -> int:
+    """Logits are all-gathered to full size after a TP output projection unless loss_parallel."""
+    return plan.tp if plan.loss_parallel else 1
+
+
+def _head_bytes(cfg: ModelConfig, batch: int, seq: int, plan: Plan) -> tuple[int, int, int]:
+    """(saved by the final norm + output projection, log_softmax output, token ids)."""
+    t, tokens = plan.tp, batch * seq
+    c = 2 if plan.precision == "bf16" else 4
+    norm = plan.norm_bytes * cfg.dim * (1 if plan.fused_norm else 2) * tokens // t + 4 * tokens // t
+    out_in = c * cfg.dim * tokens
+    lsm = 4 * tokens * cfg.vocab_size // _vocab_shards(plan) + 4  # + nll_loss's total_weight scalar
+    return norm + out_in, lsm, 16 * tokens
+
+
+# ----------------------------------------------------------------------------- estimate
+
+
+def estimate(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> MemoryEstimate:
+    """Peak bytes on one GPU for one training step (steady state: optimizer states exist)."""
+    if batch < 1 or seq < 1:
+        raise ValueError("batch and seq must be >= 1")
+    t, n = plan.tp, plan.shard
+    shapes = param_shapes(cfg)
+    local = {name: _local_numel(name, s, t, n) for name, s in shapes}
+    tp_only = {name: _local_numel(name, s, t, 1) for name, s in shapes}
+    p_local = sum(local.values())
+    bf16 = plan.precision == "bf16"
+
+    params = 4 * p_local
+    buffers = 4 * cfg.max_seq_len * cfg.head_dim  # RoPE cos/sin cache, fp32, replicated
+    grads = 4 * p_local
+    optimizer = 8 * p_local + 4 * len(shapes)
+
+    block0 = [name for name, _ in shapes if name.startswith("layers.0.")]
+    p_block_tp = sum(tp_only[x] for x in block0)
+    p_block_lin = sum(local[x] for x in block0 if _is_linear(x))
+    p_lin = sum(v for name, v in local.items() if _is_linear(name))
+    p_out = local["output.weight"]
+    p_root_tp = tp_only["tok_embeddings.weight"] + tp_only["norm.weight"] + tp_only["output.weight"]
+
+    L = cfg.n_layers
+    n_ckpt = {"none": 0, "full": L, "selective": math.ceil(L / plan.ac_every)}[plan.ac]
+    a_block = block_activation_bytes(cfg, batch, seq, plan)
+    resid = plan.residual_bytes
+    a_input = resid * cfg.dim * batch * seq // t  # a checkpointed block keeps only its input
+    head, lsm, tok = _head_bytes(cfg, batch, seq, plan)
+    activations = n_ckpt * a_input + (L - n_ckpt) * a_block + head + lsm + tok
+
+    c = 2 if bf16 else 4
+    vs = _vocab_shards(plan)
+    logits = c * batch * seq * cfg.vocab_size // vs
+    loss_buffers = logits + 2 * 4 * batch * seq * cfg.vocab_size // vs
+
+    # Backward at checkpointed block j (recomputing it): blocks above j are done (their
+    # activations freed, their gradients written), the loss and head buffers are gone
+    # (the trainer still holds the logits), blocks below j keep what they saved, and
+    # two residual-stream gradients are in flight.
+    ckpt_blocks = [j for j in range(L) if plan.ac == "full" or (plan.ac == "selective" and j % plan.ac_every == 0)]
+    below = lambda j: sum(1 for i in ckpt_blocks if i < j)  # noqa: E731  checkpointed blocks under j
+    a_saved = lambda j: (below(j) + 1) * a_input + (j - below(j)) * a_block + tok  # noqa: E731
+    p_block = sum(local[x] for x in block0)
+    grads_so_far = lambda j: 4 * (p_out + local["norm.weight"] + (L - j) * p_block)  # noqa: E731  incl. block j
+    grad_flow = 2 * resid * cfg.dim * batch * seq // t
+
+    if plan.fsdp and bf16:
+        w_fwd = w_bwd = 2 * p_root_tp + 2 * 2 * p_block_tp
+        w_rec = lambda j: w_bwd  # noqa: E731
+        fsdp_buffers = 2 * tp_only["output.weight"] + 6 * p_block_tp
+    elif bf16:
+        w_fwd = 2 * p_lin  # autocast cache
+        w_bwd = 2 * (p_lin - n_ckpt * p_block_lin)  # saved by the linears that are not checkpointed
+        w_rec = lambda j: 2 * (j - below(j) + 1) * p_block_lin  # noqa: E731  blocks below j + the re-cast one
+        fsdp_buffers = 0
+    else:
+        w_fwd = w_bwd = fsdp_buffers = 0
+        w_rec = lambda j: 0  # noqa: E731
+
+    grads_kept = grads if (plan.strategy == "ddp" and plan.gpus > 1) else 0
+    persistent = params + buffers + optimizer
+    phases = {
+        "forward": persistent + grads_kept + w_fwd + (activations - lsm) + logits,
+        "backward": persistent + grads_kept + w_bwd + activations + loss_buffers + fsdp_buffers,
+        "step": persistent + grads,
+    }
+    if n_ckpt:
+        phases["recompute"] = max(
+            persistent + grads_kept + w_rec(j) + a_saved(j) + logits + a_block + grad_flow + fsdp_buffers
+            + (0 if grads_kept else grads_so_far(j))
+            for j in ckpt_blocks
+        )
+    return MemoryEstimate(
+        plan=plan, batch=batch, seq=seq, params=params, buffers=buffers, grads=grads, optimizer=optimizer,
+        weights_forward=w_fwd, weights_backward=w_bwd, activations=activations, activation_per_block=a_block,
+        tokens=tok, loss_buffers=loss_buffers, fsdp_buffers=fsdp_buffers, phases=phases,
+    )
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def max_batch(cfg: ModelConfig, seq: int, plan: Plan, budget: int, limit: int = 4096) -> int:
+    """Largest per-GPU micro-batch whose peak fits in ``budget`` bytes (0 if none)."""
+    if estimate(cfg, 1, seq, plan).peak > budget:
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and estimate(cfg, hi, seq, plan).peak <= budget:
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:  # peak grows with batch: invariant lo fits, hi does not
+        mid = (lo + hi) // 2
+        if estimate(cfg, mid, seq, plan).peak <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def tp_degree(cfg: ModelConfig, gpus: int, max_tp: int = 8) -> int:
+    """Largest TP degree <= max_tp (one NVLink domain) dividing gpus, the heads and the FFN."""
+    for t in range(min(gpus, max_tp), 1, -1):
+        if gpus % t == 0 and cfg.n_heads % t == 0 and cfg.kv_heads % t == 0 and cfg.hidden_dim % t == 0:
+            return t
+    return 1
+
+
+def candidate_plans(cfg: ModelConfig, gpus: int, norm_fp32: bool = True) -> list[Plan]:
+    """Layouts in order of preference: no sharding before sharding (FSDP2's all-gathers
+    and reduce-scatters move about as many bytes as DDP's all-reduce but add latency),
+    no recomputation before AC (full AC costs about one extra forward, ~+33 % compute),
+    TP last (needs NVLink and makes the GEMMs smaller)."""
+    if gpus == 1:
+        plans = [Plan("single", 1), Plan("single", 1, ac="full")]
+    else:
+        plans = [Plan("ddp", gpus), Plan("fsdp", gpus), Plan("ddp", gpus, ac="full"), Plan("fsdp", gpus, ac="full")]
+        t = tp_degree(cfg, gpus)
+        if t > 1:
+            plans += [Plan("tp", gpus, tp=t), Plan("tp", gpus, tp=t, ac="full")]
+    return [replace(p, norm_fp32=norm_fp32) for p in plans]
+
+
+@dataclass
+class Recommendation:
+    plan: Plan | None
+    batch: int  # per-GPU micro-batch to use: largest power of two that fits, at least the one asked for
+    max_batch: int
+    reason: str
+    rows: list[dict]
+
+    def to_dict(self) -> dict:
+        return {
+            "strategy": self.plan.strategy if self.plan else None,
+            "label": self.plan.label if self.plan else None,
+            "ac": self.plan.ac if self.plan else None,
+            "tp": self.plan.tp if self.plan else None,
+            "batch_per_gpu": self.batch,
+            "max_batch_per_gpu": self.max_batch,
+            "reason": self.reason,
+        }
+
+
+def recommend(cfg: ModelConfig, seq: int, batch: int, gpus: int, gpu_bytes: int | None,
+              norm_fp32: bool = True) -> Recommendation:
+    """First layout (in :func:`candidate_plans` order) that fits ``batch`` sequences per
+    GPU into ``USABLE_FRACTION`` of ``gpu_bytes``; else the first that fits any batch."""
+    rows = []
+    budget = int(gpu_bytes * USABLE_FRACTION) if gpu_bytes else None
+    plans = candidate_plans(cfg, gpus, norm_fp32)
+    for plan in plans:
+        est = estimate(cfg, batch, seq, plan)
+        row = est.to_dict()
+        if budget is not None:
+            row["max_batch"] = max_batch(cfg, seq, plan, budget)
+            row["fits"] = est.peak <= budget
+        rows.append(row)
+    if budget is None:
+        return Recommendation(None, 0, 0, "GPU memory unknown: no recommendation", rows)
+    pow2 = lambda n: 1 << (n.bit_length() - 1)  # noqa: E731  largest power of two <= n
+    for plan, row in zip(plans, rows):
+        if row["fits"]:
+            mb = row["max_batch"]  # >= batch; suggest a power of two, never less than asked for
+            return Recommendation(plan, max(pow2(mb), batch), mb,
+                                  f"{plan.label} is the first layout that fits batch {batch} per GPU", rows)
+    for plan, row in zip(plans, rows):
+        if row["max_batch"] > 0:
+            mb = row["max_batch"]
+            return Recommendation(plan, pow2(mb), mb,
+                                  f"batch {batch} per GPU fits no layout; {plan.label} fits {mb}: reach the "
+                                  "global batch with gradient accumulation (train.global_batch_size)", rows)
+    return Recommendation(None, 0, 0, f"does not fit in {gpus} GPU(s) even at batch 1 with FSDP2 + AC: "
+                                      "add GPUs (nodes) or use a smaller preset / sequence", rows)
