@@ -9,10 +9,24 @@ Layout under ``OUT/checkpoints``::
         manifest.json             written last: step, world size, every file and its size
     latest                        name of the newest complete checkpoint (updated last)
 
-A checkpoint is written under ``.tmp-step_N`` and renamed when every rank has finished,
-so a crash mid-save never leaves a half checkpoint under a real name. Loading verifies
-the manifest (every file present with its recorded size) and falls back to the previous
-complete checkpoint with a warning naming the bad one.
+Saving: everything is written under ``.tmp-step_N`` and renamed when every rank has
+finished, so a crash mid-save never leaves a half checkpoint under a real name. A save
+that fails on any rank (disk full, quota, I/O error) fails on every rank with one
+error naming the rank and the cause; the partial directory is removed and the previous
+checkpoint stays the latest. After a successful save, the newest ``keep`` complete
+checkpoints stay; older ones, ``.tmp-*`` left by crashed saves and step directories
+that fail verification are removed.
+
+Loading: rank 0 lists the step directories, verifies each against its manifest (every
+file present with its recorded size) and skips bad ones with a warning naming them;
+every rank then tries them newest first and falls back to the previous one, together,
+when one cannot be loaded. If none loads, that is an error: the job never silently
+starts from scratch next to checkpoints it could not read.
+
+Per-rank state is read with ``torch.load(weights_only=True)``: it holds tensors and
+plain Python containers only (the numpy RNG state is stored as a tensor), so loading a
+checkpoint cannot run code from the file. State registered in ``extra_state`` by other
+components must follow that rule.
 """
 
 from __future__ import annotations
@@ -35,7 +49,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from train import dist as tdist
+
 STEP_RE = re.compile(r"^step_(\d{8})$")
+TMP_PREFIX = ".tmp-"
 
 
 class CheckpointError(RuntimeError):
@@ -46,8 +63,18 @@ def _warn(msg: str) -> None:
     print(f"[checkpoint] warning: {msg}", file=sys.stderr, flush=True)
 
 
+# ----------------------------------------------------------------------------- RNG state
+
+
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """All RNG states as tensors and plain Python values (loadable with weights_only)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -55,10 +82,15 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    npst = state["numpy"]
+    np.random.set_state((npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
+                         npst["has_gauss"], npst["cached_gaussian"]))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- verification
 
 
 def _fsync_write(path: Path, text: str) -> None:
@@ -70,6 +102,19 @@ def _fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def verify(ckpt: Path) -> str | None:
     """None when ``ckpt`` is complete, else the reason it is not."""
     manifest_path = ckpt / "manifest.json"
@@ -77,10 +122,14 @@ def verify(ckpt: Path) -> str | None:
         return "no manifest.json (incomplete save)"
     try:
         manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError):
+        files = dict(manifest["files"])
+        sizes = {str(k): int(v) for k, v in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         return "manifest.json is unreadable"
-    for name, size in files.items():
+    for required in (".metadata", "extra_rank0.pt"):
+        if required not in sizes:
+            return f"manifest.json does not list {required}"
+    for name, size in sizes.items():
         f = ckpt / name
         if not f.is_file():
             return f"{name} is missing"
@@ -90,83 +139,149 @@ def verify(ckpt: Path) -> str | None:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, rank: int, world_size: int, keep: int, barrier):
+    def __init__(self, root: Path, info: tdist.DistInfo, keep: int):
         self.root = root
-        self.rank = rank
-        self.world_size = world_size
+        self.info = info
+        self.rank = info.rank
+        self.world_size = info.world_size
         self.keep = keep
-        self.barrier = barrier
 
     # ------------------------------------------------------------------ listing
-    def complete_checkpoints(self) -> list[Path]:
-        """Complete checkpoints, newest first; incomplete ones are skipped with a warning."""
+    def _step_dirs(self) -> list[Path]:
         if not self.root.is_dir():
             return []
+        return sorted((p for p in self.root.iterdir() if STEP_RE.match(p.name) and p.is_dir()), reverse=True)
+
+    def complete_checkpoints(self, warn: bool = True) -> list[Path]:
+        """Complete checkpoints on this rank's view of the disk, newest first;
+        incomplete ones are skipped (with a warning naming them when ``warn``)."""
         out = []
-        for p in sorted(self.root.iterdir(), reverse=True):
-            if not STEP_RE.match(p.name) or not p.is_dir():
-                continue
+        for p in self._step_dirs():
             reason = verify(p)
             if reason:
-                _warn(f"skipping {p}: {reason}")
+                if warn:
+                    _warn(f"skipping {p}: {reason}")
                 continue
             out.append(p)
         return out
 
+    def latest_local(self) -> Path | None:
+        """Newest complete checkpoint, no collectives, no warnings (for messages)."""
+        found = self.complete_checkpoints(warn=False)
+        return found[0] if found else None
+
+    def candidates(self) -> list[Path]:
+        """Complete checkpoints, newest first, as rank 0 sees them (one decision for all
+        ranks). A stale or dangling ``latest`` pointer is reported, never followed: the
+        rename of a verified directory is the commit point."""
+        names = None
+        if self.rank == 0:
+            found = self.complete_checkpoints(warn=True)
+            pointer = self.root / "latest"
+            if pointer.is_file():
+                named = pointer.read_text(errors="replace").strip()
+                if not found or named != found[0].name:
+                    if not (self.root / named).exists():
+                        why = "which does not exist"
+                    elif named in {p.name for p in found}:
+                        why = "which is older than the newest complete checkpoint (its save finished after the pointer)"
+                    else:
+                        why = "which is not a complete checkpoint"
+                    newest = found[0].name if found else "none"
+                    _warn(f"'latest' names {named!r}, {why}; using the newest complete one ({newest})")
+            names = [p.name for p in found]
+        with tdist.collective("broadcast (checkpoint choice from rank 0)"):
+            names = tdist.broadcast_object(self.info, names)
+        return [self.root / n for n in names]
+
     def latest(self) -> Path | None:
-        pointer = self.root / "latest"
-        candidates = self.complete_checkpoints()
-        if pointer.is_file():
-            name = pointer.read_text().strip()
-            named = [c for c in candidates if c.name == name]
-            if named:
-                return named[0]
-            _warn(f"'latest' names {name!r}, which is not a complete checkpoint; using the newest complete one")
-        return candidates[0] if candidates else None
+        found = self.candidates()
+        return found[0] if found else None
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int, model, optimizer, extra: dict[str, Any]) -> Path:
+        """Write checkpoint ``step``; on any rank's failure raise :class:`CheckpointError`
+        on every rank, having removed the partial directory."""
         final = self.root / f"step_{step:08d}"
-        tmp = self.root / f".tmp-step_{step:08d}"
-        if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir()
-        self.barrier()
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-        extra_path = tmp / f"extra_rank{self.rank}.pt"
-        with open(extra_path, "wb") as fh:
-            torch.save(extra, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.barrier()
-        if self.rank == 0:
+        tmp = self.root / f"{TMP_PREFIX}{final.name}"
+        previous = self.latest_local()
+
+        def attempt(fn) -> None:
+            err = None
+            try:
+                fn()
+            except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
+                if _timed_out(exc, self.info):
+                    raise
+                err = describe_failure(exc, self.rank, self.root)
+            failed = tdist.first_error(self.info, err)
+            if failed is not None:
+                if self.rank == 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                kept = f"{previous} is still the latest complete checkpoint" if previous else "no earlier checkpoint exists"
+                raise CheckpointError(f"checkpoint save at step {step} failed on {failed}; {kept}")
+
+        def prepare() -> None:
+            if self.rank == 0:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+
+        def write_shards() -> None:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            with tdist.collective("checkpoint save (DCP gather/scatter)"):
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+            with open(tmp / f"extra_rank{self.rank}.pt", "wb") as fh:
+                torch.save(extra, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+        def commit() -> None:
+            if self.rank != 0:
+                return
             files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
             manifest = {"step": step, "world_size": self.world_size, "files": files}
             _fsync_write(tmp / "manifest.json", json.dumps(manifest, indent=1))
+            _fsync_dir(tmp)
             if final.exists():  # same step saved again (e.g. resumed run): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
+            _fsync_dir(self.root)
             _fsync_write(self.root / "latest", final.name + "\n")
+
+        with tdist.collective("checkpoint save (barrier)"):
+            attempt(prepare)
+            attempt(write_shards)
+            attempt(commit)
+        if self.rank == 0:
             self._retain()
-        self.barrier()
         return final
 
     def _retain(self) -> None:
+        """Keep the newest ``keep`` complete checkpoints; remove older ones, leftovers of
+        crashed saves (``.tmp-*``) and step directories that fail verification."""
+        for p in self.root.iterdir():
+            if p.name.startswith(TMP_PREFIX) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
         if not self.keep:
             return
-        complete = [p for p in sorted(self.root.iterdir(), reverse=True) if STEP_RE.match(p.name)]
-        for old in complete[self.keep:]:
-            shutil.rmtree(old, ignore_errors=True)
+        kept = set(self.complete_checkpoints(warn=False)[: self.keep])
+        for p in self._step_dirs():
+            if p not in kept:
+                shutil.rmtree(p, ignore_errors=True)
 
     # ------------------------------------------------------------------ loading
     def load(self, ckpt: Path, model, optimizer) -> dict[str, Any]:
         """Load model/optimizer (resharding as needed) and return this rank's extra state."""
+        try:  # fail here with one clear line rather than in DCP, which logs tracebacks first
+            dcp.FileSystemReader(str(ckpt)).read_metadata()
+        except Exception as exc:  # noqa: BLE001 - any reason means unreadable
+            raise CheckpointError(f"{ckpt / '.metadata'} is unreadable ({type(exc).__name__}: {exc})") from None
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(ckpt))
+        with tdist.collective("checkpoint load (DCP)"):
+            dcp.load(state, checkpoint_id=str(ckpt))
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
             options=StateDictOptions(strict=True),
@@ -175,8 +290,68 @@ class CheckpointManager:
         path = own if own.is_file() else ckpt / "extra_rank0.pt"
         if path != own:
             _warn(f"{ckpt} was saved by {self._saved_world(ckpt)} ranks; rank {self.rank} takes rank 0's step/scheduler state")
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def load_latest(self, model, optimizer) -> tuple[Path, dict[str, Any]] | None:
+        """Load the newest checkpoint that loads on every rank, falling back to older
+        ones with a warning naming each one skipped. None when there is none at all."""
+        found = self.candidates()
+        first = None
+        for i, ckpt in enumerate(found):
+            err = None
+            try:
+                extra = self.load(ckpt, model, optimizer)
+            except (Exception, dcp.CheckpointException) as exc:  # decided together below
+                if _timed_out(exc, self.info):
+                    raise
+                err = describe_failure(exc, self.rank)
+            failed = tdist.first_error(self.info, err)
+            if failed is None:
+                return ckpt, extra
+            first = first or f"{ckpt}: {failed}"
+            if self.rank == 0:
+                then = "; falling back to the previous checkpoint" if i + 1 < len(found) else ""
+                _warn(f"skipping {ckpt}: cannot be loaded ({failed}){then}")
+        if found:
+            raise CheckpointError(f"none of the {len(found)} complete checkpoint(s) in {self.root} could be loaded "
+                                  f"(newest: {first})")
+        return None
 
     @staticmethod
     def _saved_world(ckpt: Path) -> int:
         return json.loads((ckpt / "manifest.json").read_text())["world_size"]
+
+
+def _timed_out(exc: BaseException, info: tdist.DistInfo) -> bool:
+    """A collective timeout propagates to the loop (it names the op and rank there)."""
+    return info.backend is not None and "timed out" in str(exc).lower()
+
+
+def describe_failure(exc: BaseException, rank: int, disk: Path | None = None) -> str:
+    """``rank R: <cause>`` on one line; DCP's CheckpointException is unwrapped to the
+    first failing rank's own exception (it would otherwise carry a traceback). For a
+    save (``disk`` given) whose cause is not an OS error with an errno - torch's zip
+    writer turns ENOSPC/EFBIG into "unexpected pos" - the free space is appended."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = min(failures)
+        inner = failures[first]
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner, BaseException):
+            return describe_failure(inner, first, disk)
+    if isinstance(exc, OSError) and exc.errno:
+        what = f"{os.strerror(exc.errno)} (errno {exc.errno})"
+        where = f": {exc.filename}" if exc.filename else ""
+        text = f"{what}{where}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+        if disk is not None:
+            try:
+                free = shutil.disk_usage(disk).free / 2**20
+                text += f" (free space on {disk}: {free:.1f} MiB)"
+            except OSError:
+                pass
+    text = " ".join(text.split())
+    if len(text) > 400:
+        text = text[:397] + "..."
+    return f"rank {rank}: {text}"

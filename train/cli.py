@@ -31,9 +31,11 @@ def fail(msg: str, code: int) -> None:
 def _user_errors() -> tuple[type[BaseException], ...]:
     from train.checkpoint import CheckpointError
     from train.data import DataError
-    from train.trainer import NonFiniteLossError
+    from train.dist import CollectiveError
+    from train.trainer import NonFiniteLossError, OutOfMemory
 
-    return (DataError, CheckpointError, NonFiniteLossError, FileNotFoundError, PermissionError, OSError)
+    return (DataError, CheckpointError, NonFiniteLossError, CollectiveError, OutOfMemory, FileNotFoundError,
+            PermissionError, OSError)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,10 +54,17 @@ def main() -> None:
 @click.option("--seed", type=int, help="Seed (train.seed).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config field, e.g. --set model.name=debug --set train.batch_size=4.")
-def run_cmd(config_path, steps, out_dir, resume, checkpoint_every, seed, overrides) -> None:
+@click.option("--flight-recorder", type=click.IntRange(min=1), metavar="N",
+              help="NCCL flight recorder: keep the last N collectives per rank and dump them to "
+                   "OUT/flight_recorder/ when one times out (sets TORCH_FR_BUFFER_SIZE).")
+def run_cmd(config_path, steps, out_dir, resume, checkpoint_every, seed, overrides, flight_recorder) -> None:
     """Train. Works as one process or under torchrun (reads RANK, WORLD_SIZE, ...)."""
     from train import preflight
     from train.config import load_config
+    from train.dist import env_int
+
+    if flight_recorder:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = str(flight_recorder)
 
     extra = list(overrides)
     for key, value in (("train.steps", steps), ("checkpoint.every", checkpoint_every), ("train.seed", seed)):
@@ -64,6 +73,8 @@ def run_cmd(config_path, steps, out_dir, resume, checkpoint_every, seed, overrid
     try:
         job = load_config(config_path, extra)
         preflight.check_job(job, preflight.world_size_from_env())
+        for name in ("RANK", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT"):
+            env_int(name, 0)
         preflight.check_out_dir(out_dir)
     except ConfigError as exc:
         fail(str(exc), 2)
@@ -121,6 +132,10 @@ def _print_summary(s, out_dir: Path) -> None:
 from train.bench.cli import bench  # noqa: E402
 
 main.add_command(bench)
+
+from train.doctor import doctor  # noqa: E402
+
+main.add_command(doctor)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,10 +1,30 @@
-"""Process-group setup from torchrun's environment (or a single process without it)."""
+"""Process-group setup from torchrun's environment (or a single process without it), and
+the failure paths of a distributed job: collective timeouts, dead peers, SIGTERM.
+
+* ``init_distributed`` bounds every collective by ``timeout_s``: a rank that stops
+  answering ends the job with an error instead of a hang.
+* ``collective(op)`` names what the loop is waiting for; ``collective_failure`` turns
+  the backend's exception (gloo: "Timed out waiting 5000ms for recv operation",
+  "Connection closed by peer") into one line naming that operation, this rank and the
+  step. On NCCL the watchdog (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) ends the process
+  itself and logs the op type and sequence number; with the flight recorder enabled
+  (``TORCH_FR_BUFFER_SIZE``) it also dumps the last collectives of every rank.
+* ``Preemption`` turns SIGTERM into "finish this step, checkpoint, exit 0" and makes
+  sure the process is gone within the grace period even if a collective never returns.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import re
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -37,27 +57,106 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init_distributed(device_pref: str = "auto", timeout_s: int = 600) -> DistInfo:
+def flight_recorder_env(dump_dir: Path | None) -> dict[str, str]:
+    """Settings that make torch's NCCL flight recorder dump on a collective timeout.
+
+    Enabled by ``TORCH_FR_BUFFER_SIZE`` (``train run --flight-recorder N`` or
+    ``launch ... --flight-recorder``); the dumps go to ``dump_dir`` (normally
+    ``OUT/flight_recorder``) unless a dump path is already set. Returns what it set."""
+    try:
+        size = int(os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or 0)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        return {}
+    wanted = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    if dump_dir is not None and not (os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+                                     or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")):
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        prefix = str(dump_dir / "nccl_trace_rank_")
+        # torch >= 2.7 reads TORCH_FR_DUMP_TEMP_FILE, older ones TORCH_NCCL_DEBUG_INFO_TEMP_FILE.
+        wanted.update(TORCH_FR_DUMP_TEMP_FILE=prefix, TORCH_NCCL_DEBUG_INFO_TEMP_FILE=prefix)
+    applied = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(applied)
+    return applied
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer from the launcher's environment, or a ConfigError naming it."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        from train.config import ConfigError
+
+        raise ConfigError(f"environment {name}={raw!r}: expected an integer >= 0 (torchrun sets it)")
+    return value
+
+
+def shared_store_hazard() -> str | None:
+    """The warning for torchrun configurations whose restarts can fail, else None.
+
+    torchrun (c10d rendezvous) lets the workers' process group share its rendezvous
+    TCPStore by default. The store outlives a worker-group restart, so the restarted
+    group can read the previous attempt's keys (a dead rank 0's gloo address, an old
+    NCCL unique id) and fail to connect or hang (pytorch/pytorch#135712; reproduced here
+    with gloo on torch 2.13). ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's
+    environment gives every rendezvous round a fresh store."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    try:
+        max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        max_restarts = 0
+    if max_restarts <= 0:
+        return None
+    return ("torchrun --max-restarts shares its rendezvous store with the process group; a restarted "
+            "group can read the previous attempt's keys and fail to connect (pytorch#135712): export "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun")
+
+
+def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
+                     flight_recorder_dir: Path | None = None) -> DistInfo:
     """Read RANK/LOCAL_RANK/WORLD_SIZE (set by torchrun) and start the process group.
 
     nccl on CUDA, gloo on CPU. ``timeout_s`` bounds every collective: a rank that stops
     answering ends the job with an error instead of a hang. Single process without
     torchrun: no process group at all.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world = env_int("WORLD_SIZE", 1)
+    env_int("RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     device = pick_device(device_pref, local_rank)
     if world == 1 and "MASTER_ADDR" not in os.environ:
         return DistInfo(0, 0, 1, device, None)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    # Surface NCCL errors/timeouts as exceptions that tear the process down (torch >= 2.2 default is 3).
+    # Surface NCCL errors/timeouts by tearing the process down (torch >= 2.2 default is 3):
+    # the launcher then restarts the group from the last checkpoint instead of hanging.
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    dist.init_process_group(
-        backend=backend,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
-    )
+    if backend == "nccl":
+        flight_recorder_env(flight_recorder_dir)
+    hazard = shared_store_hazard()
+    restart = env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    if hazard and restart == 0 and env_int("RANK", 0) == 0:
+        print(f"[train] warning: {hazard}", file=sys.stderr, flush=True)
+    try:
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    except Exception as exc:  # noqa: BLE001 - only the restart case gets a better message
+        if not (hazard and restart > 0):
+            raise
+        detail = " ".join(str(exc).split())[:200]
+        raise CollectiveError(
+            f"process group init failed on rank {env_int('RANK', 0)} after torchrun restart {restart} ({detail}); "
+            f"likely cause: {hazard}"
+        ) from None
     return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, backend)
 
 
@@ -72,3 +171,171 @@ def barrier(info: DistInfo) -> None:
             dist.barrier(device_ids=[info.device.index])
         else:
             dist.barrier()
+
+
+def all_true(info: DistInfo, flag: bool) -> bool:
+    """True when ``flag`` is true on every rank (one tiny all_reduce)."""
+    if info.backend is None:
+        return flag
+    t = torch.tensor([0.0 if flag else 1.0], device=info.device)
+    dist.all_reduce(t)
+    return t.item() == 0.0
+
+
+def broadcast_object(info: DistInfo, obj, src: int = 0):
+    """Rank ``src``'s ``obj`` on every rank (picklable objects; used for small decisions)."""
+    if info.backend is None:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=info.device if info.device.type == "cuda" else None)
+    return box[0]
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+_current_op: str | None = None
+
+
+@contextlib.contextmanager
+def collective(op: str):
+    """Mark that the code inside waits on collective ``op`` (for error messages)."""
+    global _current_op
+    previous, _current_op = _current_op, op
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, "collective_op", None) is None:  # the innermost op names the failure
+            try:
+                exc.collective_op = op
+            except (AttributeError, TypeError):
+                pass
+        raise
+    finally:
+        _current_op = previous
+
+
+def current_op() -> str | None:
+    return _current_op
+
+
+class CollectiveError(RuntimeError):
+    """A collective timed out or a peer rank disappeared; the message names the
+    operation, this rank and the step."""
+
+
+_PEER_GONE = ("connection closed", "connection reset", "broken pipe", "connection refused", "socket closed",
+              "communicator was aborted", "by peer")
+
+
+def collective_failure(exc: BaseException, info: DistInfo, timeout_s: int, step: int | str) -> CollectiveError | None:
+    """A :class:`CollectiveError` for ``exc`` when it is a distributed failure raised
+    inside :func:`collective`, else None (then it is a bug and keeps its traceback)."""
+    op = getattr(exc, "collective_op", None) or _current_op
+    if info.backend is None or op is None or isinstance(exc, CollectiveError):
+        return None
+    text = str(exc)
+    low = text.lower()
+    detail = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    detail = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", detail)  # gloo/c10d source location
+    if len(detail) > 240:
+        detail = detail[:237] + "..."
+    if "timed out" in low or "timeout" in low:
+        return CollectiveError(
+            f"collective {op} timed out after {timeout_s}s on rank {info.rank} (step {step}): another rank "
+            f"did not take part within train.timeout_s={timeout_s}; it is hung or dead, see its log ({detail})"
+        )
+    distributed = isinstance(exc, getattr(dist, "DistError", ())) or any(s in low for s in _PEER_GONE)
+    if distributed:
+        return CollectiveError(
+            f"collective {op} failed on rank {info.rank} (step {step}): a peer rank is gone ({detail})"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------- preemption
+
+
+def _rank_tag() -> str:
+    return f"[rank {os.environ.get('RANK', '0')}] " if os.environ.get("WORLD_SIZE", "1") != "1" else ""
+
+
+class Preemption:
+    """SIGTERM (Kubernetes eviction, Slurm ``--signal``, torchrun forwarding its own
+    SIGTERM) sets a flag; the loop finishes the current step, every rank agrees to stop
+    (the per-step all_reduce), writes a checkpoint and exits 0.
+
+    Python runs signal handlers in the main thread between bytecodes, so a main thread
+    stuck in a collective would never notice the signal. The interpreter's C-level
+    handler also writes the signal number to the wakeup fd: a watcher thread reads it at
+    once and arms a timer. If the process is still alive ``grace_s`` later it exits on
+    its own: 0 when the checkpoint was written (e.g. stuck tearing down the process
+    group), 1 when not (the previous complete checkpoint stays the latest)."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.requested = False
+        self.at = 0.0
+        self.checkpointed = False
+        self._installed = False
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        if self._installed or threading.current_thread() is not threading.main_thread():
+            return
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.signal(signal.SIGTERM, self._handler)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_fd,), name="sigterm-watch", daemon=True).start()
+        self._installed = True
+
+    def _handler(self, signum, frame) -> None:  # noqa: ARG002
+        self._trip()
+
+    def _watch(self, read_fd: int) -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                self._trip()
+
+    def _trip(self) -> None:
+        with self._lock:
+            if self.requested:
+                return
+            self.requested = True
+            self.at = time.monotonic()
+        print(f"{_rank_tag()}[train] SIGTERM received; checkpointing after this step "
+              f"(exit within train.shutdown_grace_s={self.grace_s:g}s)", file=sys.stderr, flush=True)
+        threading.Thread(target=self._expire, name="sigterm-grace", daemon=True).start()
+
+    def _expire(self) -> None:
+        time.sleep(self.grace_s)
+        if self.checkpointed:
+            print(f"{_rank_tag()}[train] checkpoint written; still not exited {self.grace_s:g}s after SIGTERM, "
+                  "forcing exit", file=sys.stderr, flush=True)
+            code = 0
+        else:
+            where = f" (waiting in {_current_op})" if _current_op else ""
+            print(f"{_rank_tag()}error: SIGTERM: no checkpoint within train.shutdown_grace_s={self.grace_s:g}s"
+                  f"{where}; exiting without one, the previous complete checkpoint is kept",
+                  file=sys.stderr, flush=True)
+            code = 1
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def first_error(info: DistInfo, err: str | None) -> str | None:
+    """Every rank learns whether any rank failed: the error of the lowest failing rank,
+    or None. Keeps ranks in step after a local failure (a rank that raised alone would
+    leave the others waiting in the next collective)."""
+    if info.backend is None or all_true(info, err is None):
+        return err
+    errors: list[str | None] = [None] * info.world_size
+    dist.all_gather_object(errors, err)
+    return next((e for e in errors if e is not None), "another rank failed")

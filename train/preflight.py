@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 from train.config import ConfigError, JobConfig
-from train.parallel.config import resolve_mesh
+from train.parallel.config import check_parallel, resolve_mesh
+from train.precision.fp8 import check_float8
 
 
 def world_size_from_env() -> int:
@@ -23,6 +24,8 @@ def world_size_from_env() -> int:
 
 def check_job(job: JobConfig, world_size: int) -> None:
     _, _, tp = resolve_mesh(job.parallel, world_size, job.model.n_heads, job.model.kv_heads)
+    check_parallel(job, world_size)
+    check_float8(job, world_size)
     dp = world_size // tp
     gbs = job.train.global_batch_size
     per_step = job.train.batch_size * dp

@@ -4,12 +4,8 @@ and metrics together. Each of those is its own component; this file only drives 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-import os
-import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +15,7 @@ import torch.nn.functional as F
 
 from train import dist as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
+from train.config import ConfigError
 from train.data import ShardInfo, build_loader
 from train.hardware import peak_bf16_tflops
 from train.metrics import MetricsLogger, StepTimer, peak_memory_gib
@@ -31,6 +28,13 @@ from train.precision.fp8 import apply_float8
 
 class NonFiniteLossError(RuntimeError):
     """Loss or gradient norm became NaN/Inf; the message names the step."""
+
+
+# What a rank waits on during forward/backward, per strategy (named in timeout errors).
+_GRAD_SYNC = {
+    "ddp": "all_reduce (DDP gradient buckets, backward)",
+    "fsdp": "all_gather/reduce_scatter (FSDP forward/backward)",
+}
 
 
 @dataclass
@@ -46,25 +50,6 @@ class Summary:
     checkpoint: str | None = None
     preempted: bool = False
     losses: list[float] = field(default_factory=list)
-
-
-class _Preemption:
-    """SIGTERM (Kubernetes eviction, Slurm --signal, torchrun shutdown) sets a flag; the
-    loop finishes the current step, checkpoints and exits cleanly."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.at = 0.0
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handler)
-
-    def _handler(self, signum, frame) -> None:  # noqa: ARG002
-        if not self.requested:
-            self.requested = True
-            self.at = time.monotonic()
-            print(f"[train] rank {os.environ.get('RANK', '0')}: SIGTERM received; checkpointing after this step",
-                  file=sys.stderr, flush=True)
 
 
 def grad_accum_steps(job, dp_world: int) -> int:
@@ -115,16 +100,21 @@ class Trainer:
             job.data, job.train.seq_len, job.train.batch_size,
             ShardInfo(self.par.dp_rank, self.par.dp_world), job.train.seed, job.model.vocab_size,
         )
-        self.ckpt = CheckpointManager(
-            out_dir / "checkpoints", info.rank, info.world_size, job.checkpoint.keep,
-            barrier=functools.partial(tdist.barrier, info),
-        )
+        self.ckpt = CheckpointManager(out_dir / "checkpoints", info, job.checkpoint.keep)
         self.step = 0
+        self.at_step: int | str = "resume"  # the step in progress (named in collective errors)
         self.nan_skips = 0
-        self.preemption = _Preemption()
+        self.preemption = tdist.Preemption(job.train.shutdown_grace_s)
         self.preemption.install()
         if self._should_resume(resume):
             self._resume()
+        elif (existing := self.ckpt.latest()) is not None:
+            # A fresh run would interleave its checkpoints with these (and retention would
+            # delete the new ones as "older"): refuse instead of destroying saved work.
+            raise ConfigError(
+                f"--out {out_dir}: holds checkpoints up to {existing.name}; pass --resume to continue "
+                "from them, or use a new --out"
+            )
 
         self.flops_per_token = flops_per_token(job.model, job.train.seq_len)
         peak = job.metrics.peak_tflops or (
@@ -137,15 +127,15 @@ class Trainer:
     # ------------------------------------------------------------------ resume
     def _should_resume(self, resume_flag: bool) -> bool:
         mode = self.job.checkpoint.resume
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        restarted = tdist.env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
         return resume_flag or mode == "always" or (mode == "auto" and restarted)
 
     def _resume(self) -> None:
-        latest = self.ckpt.latest()
-        if latest is None:
+        loaded = self.ckpt.load_latest(self.par.model, self.optimizer)
+        if loaded is None:
             self._log("no complete checkpoint found; starting from step 0")
             return
-        extra = self.ckpt.load(latest, self.par.model, self.optimizer)
+        latest, extra = loaded
         self.step = int(extra["step"])
         self.scheduler.load_state_dict(extra["scheduler"])
         if self.scaler is not None and extra.get("scaler"):
@@ -159,7 +149,22 @@ class Trainer:
             set_rng_state(extra["rng"])
         self._log(f"resumed from {latest} at step {self.step}")
 
+    def _params_finite(self) -> bool:
+        """All parameters finite on every rank (checked before each checkpoint)."""
+        ok = torch.ones((), dtype=torch.bool, device=self.device)
+        for p in self.par.model.parameters():
+            t = p.detach()
+            ok &= torch.isfinite(t.to_local() if hasattr(t, "to_local") else t).all()
+        with tdist.collective("all_reduce (parameter finiteness check)"):
+            return tdist.all_true(self.info, bool(ok.item()))
+
     def save_checkpoint(self) -> Path:
+        if not self._params_finite():
+            latest = self.ckpt.latest_local()
+            where = f"last good checkpoint: {latest}" if latest else "no checkpoint was written"
+            raise NonFiniteLossError(
+                f"parameters are NaN/Inf after step {self.step}; checkpoint not written ({where})"
+            )
         extra = {
             "step": self.step,
             "world_size": self.info.world_size,
@@ -182,15 +187,16 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
-            with sync_ctx:
-                with amp.autocast(self.precision, self.device):
+            with sync_ctx, self.par.loss_context():
+                with amp.autocast(self.precision, self.device), self.par.forward_context():
                     logits = self.par.model(inputs)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1)) / self.accum
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()
                 else:
                     loss.backward()
-            loss_sum += loss.detach()
+            # loss_parallel: the loss is a replicated DTensor
+            loss_sum += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
         return loss_sum
 
     def _agree(self, loss: torch.Tensor, nonfinite: bool) -> tuple[float, bool, bool]:
@@ -201,16 +207,19 @@ class Trainer:
             torch.tensor(float(self.preemption.requested), device=self.device),
         ])
         if self.info.backend is not None:
-            dist.all_reduce(vec)
+            with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
+                dist.all_reduce(vec)
             vec[0] /= self.info.world_size
         mean_loss, bad, stop = vec.tolist()
         return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0
 
     def train_step(self) -> tuple[float, float, bool]:
-        loss = self._forward_backward()
+        with tdist.collective(_GRAD_SYNC.get(self.job.parallel.strategy, "gradient collectives (forward/backward)")):
+            loss = self._forward_backward()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = _clip_grad_norm(self.par.model.parameters(), self.job.optim.grad_clip)
+        with tdist.collective("all_reduce (gradient norm)"):
+            grad_norm = _clip_grad_norm(self.par.model.parameters(), self.job.optim.grad_clip)
         # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
         norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
         mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
@@ -235,7 +244,7 @@ class Trainer:
             self.nan_skips += 1
             self._log(f"{what}: update skipped ({self.nan_skips}/{self.job.train.max_nan_skips})")
             return
-        latest = self.ckpt.latest()
+        latest = self.ckpt.latest_local()
         where = f"; last good checkpoint: {latest}" if latest else "; no checkpoint was written"
         raise NonFiniteLossError(f"{what}; stopping{where}")
 
@@ -249,9 +258,13 @@ class Trainer:
         timed_tokens, timed_s = 0, 0.0
         try:
             while self.step < total:
+                self.at_step = self.step + 1
                 timer.start()
                 loss, grad_norm, stop = self.train_step()
                 dt = timer.stop()
+                step_stats: dict = {}
+                for collect in self.par.step_metrics:  # e.g. comm_bytes, exposed_comm_ms (comm.measure)
+                    step_stats.update(collect())
                 self.step += 1
                 summary.losses.append(loss)
                 if summary.steps_run == 0:
@@ -265,7 +278,7 @@ class Trainer:
                 if self.step % job.train.log_every == 0 or self.step == total or stop:
                     row = self.metrics.record(
                         self.step, loss, tokens_per_step, dt, self.scheduler.get_last_lr()[0], grad_norm,
-                        peak_memory_gib(self.device),
+                        peak_memory_gib(self.device), **step_stats,
                     )
                     self._log(
                         f"step {self.step:>6}/{total} loss {loss:.4f} grad_norm {grad_norm:.3f} "
@@ -276,6 +289,7 @@ class Trainer:
                 if stop:
                     summary.preempted = True
                     summary.checkpoint = str(self.save_checkpoint())
+                    self.preemption.checkpointed = True
                     self._log(f"preempted: checkpoint written at step {self.step}; exiting")
                     break
                 if every and self.step % every == 0 and self.step < total:
@@ -336,12 +350,52 @@ class _Progress:
             self.bar.stop()
 
 
+class OutOfMemory(RuntimeError):
+    """An allocation failed (GPU or host); the message names the sizes to change."""
+
+
+def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMemory | None:
+    text = str(exc).strip()
+    cuda_oom = isinstance(exc, getattr(torch, "OutOfMemoryError", ()))
+    if not (cuda_oom or "can't allocate memory" in text or "CUDA out of memory" in text):
+        return None
+    first = text.splitlines()[0] if text else type(exc).__name__
+    first = first.split("] ", 1)[-1] if first.startswith("[enforce fail") else first
+    first = first.replace("err == 0. ", "")[:300]
+    m = job.model
+    try:
+        with torch.device("meta"):
+            params = f"{count_params(Transformer(m)) / 1e9:.2f}B parameters"
+    except Exception:  # noqa: BLE001 - only for the message
+        params = "parameters"
+    where = {"startup": "while building the model", "resume": "while loading the checkpoint"}.get(at, f"at step {at}")
+    return OutOfMemory(
+        f"out of memory on rank {info.rank} ({info.device}) {where}: {first}; model.name={m.name} has "
+        f"{params} (model.dim={m.dim}, model.n_layers={m.n_layers}, model.vocab_size={m.vocab_size}), "
+        f"train.batch_size={job.train.batch_size}, train.seq_len={job.train.seq_len}: use a smaller model or "
+        "batch, or shard it (parallel.strategy=fsdp)"
+    )
+
+
 def run(job, out_dir: Path, resume: bool = False) -> Summary:
     """Initialise the process group, train, tear down. Used by ``train run``."""
-    info = tdist.init_distributed(job.train.device, job.train.timeout_s)
+    info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder")
+    trainer, tear_down = None, True
     try:
         trainer = Trainer(job, info, out_dir, resume=resume)
         trainer._log(trainer.describe())
         return trainer.fit()
+    except Exception as exc:
+        # A timed-out collective or a dead peer: one line naming the op, rank and step.
+        at = trainer.at_step if trainer else "startup"
+        failure = tdist.collective_failure(exc, info, job.train.timeout_s, at)
+        if failure is not None:
+            tear_down = False  # the group is broken: destroying it could block; exiting frees it
+            raise failure from None
+        oom = _out_of_memory(exc, job, info, at)
+        if oom is not None:
+            raise oom from None
+        raise
     finally:
-        tdist.shutdown()
+        if tear_down:
+            tdist.shutdown()

@@ -8,3 +8,12 @@ import click
 @click.group("bench")
 def bench() -> None:
     """Measure step throughput, collectives and gradient compression."""
+
+
+from train.bench.comm import comm_cmd  # noqa: E402
+from train.bench.compression import compression_cmd  # noqa: E402
+from train.bench.step import step_cmd  # noqa: E402
+
+bench.add_command(comm_cmd)
+bench.add_command(compression_cmd)
+bench.add_command(step_cmd)

@@ -25,19 +25,36 @@ class Parallelized:
     no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     after_optimizer_step: list[Callable[[], None]] = field(default_factory=list)
     extra_state: dict[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
+    # called once per step after it finished (synchronised); each returns metrics-row fields
+    step_metrics: list[Callable[[], dict]] = field(default_factory=list)
+    # entered around the model's forward only (e.g. Transformer Engine's FP8 autocast)
+    forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # entered around loss computation + backward (e.g. loss_parallel() for vocab-sharded logits)
+    loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
 def parallelize(model: nn.Module, job, info, materialize: Callable[[nn.Module], None]) -> Parallelized:
     """``materialize(model)`` allocates real storage and initialises weights; each
     strategy calls it at the right moment (before DDP wraps, after FSDP shards)."""
-    from train.parallel import ddp
+    from train.parallel import ddp, fsdp
+    from train.parallel.ac import apply_ac
+    from train.parallel.compile import apply_compile
+    from train.precision.fp8 import attach_float8
 
-    if info.backend is None:  # one process: nothing to wrap
+    if info.backend is None or job.parallel.strategy == "ddp":
+        # One process (nothing to wrap) or DDP: checkpointing and compile go on the bare
+        # blocks first. FSDP applies them itself, after TP and before sharding.
+        apply_ac(model, job.parallel)
+        apply_compile(model, job.parallel)
+    if info.backend is None:
         materialize(model)
-        return Parallelized(model=model, inner=model)
-    strategies = {"ddp": ddp.apply_ddp}
-    try:
-        apply = strategies[job.parallel.strategy]
-    except KeyError:
-        raise NotImplementedError(f"parallel.strategy={job.parallel.strategy} is not available in this build") from None
-    return apply(model, job, info, materialize)
+        par = Parallelized(model=model, inner=model)
+    else:
+        strategies = {"ddp": ddp.apply_ddp, "fsdp": fsdp.apply_fsdp}
+        try:
+            apply = strategies[job.parallel.strategy]
+        except KeyError:
+            raise NotImplementedError(f"parallel.strategy={job.parallel.strategy} is not available in this build") from None
+        par = apply(model, job, info, materialize)
+    attach_float8(par, job.fp8)
+    return par

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+COMPILE_MODES = ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs")
+
 
 @dataclass
 class ParallelConfig:
     strategy: str = "ddp"  # ddp | fsdp (fsdp covers FSDP2, HSDP and FSDP+TP through the mesh dims)
     # Mesh dims; -1 = whatever is left of the world size. The product must equal it.
+    # strategy=fsdp with dp_replicate=-1 and dp_shard=1 (the defaults) shards over all
+    # data-parallel ranks (dp_replicate=1, dp_shard=-1); set dp_replicate > 1 for HSDP.
     dp_replicate: int = -1
     dp_shard: int = 1
     tp: int = 1
@@ -17,11 +21,21 @@ class ParallelConfig:
     first_bucket_mb: float = 0.0  # 0 = torch's default first bucket
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
+    # FSDP2 knobs
+    fsdp_param_dtype: str = "auto"  # auto (= train.precision) | bf16 | fp32: dtype of the unsharded params in fwd/bwd
+    fsdp_reduce_dtype: str = "fp32"  # fp32 | bf16: dtype of the gradient reduce-scatter / all-reduce
+    reshard_after_forward: str = "auto"  # auto (every block but the last) | always | never (ZeRO-2 like)
+    cpu_offload: bool = False  # keep sharded params, grads and optimizer state in host memory
+    fsdp_prefetch: int = 1  # blocks to all-gather ahead explicitly (forward and backward); 0 = FSDP's implicit
+    # tensor parallel knobs (tp > 1)
+    sequence_parallel: bool = True  # shard norms/residual stream over the sequence between TP regions
+    loss_parallel: bool = False  # keep logits sharded over the vocabulary for the cross-entropy
     # activation checkpointing / compile
     ac: str = "none"  # none | full | selective | op
     ac_every: int = 2  # selective: checkpoint every k-th block
     compile: bool = False
     compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs
+    compile_backend: str = "inductor"  # inductor | aot_eager (debugging: traces, no code generation)
 
     def validate(self) -> None:
         from train.config import ConfigError
@@ -34,13 +48,26 @@ class ParallelConfig:
                 raise ConfigError(f"parallel.{name}: must be >= 1 or -1 (auto), got {v}")
         if self.bucket_cap_mb <= 0 or self.first_bucket_mb < 0:
             raise ConfigError("parallel.bucket_cap_mb: must be > 0 (first_bucket_mb >= 0)")
+        if self.fsdp_param_dtype not in ("auto", "bf16", "fp32"):
+            raise ConfigError(f"parallel.fsdp_param_dtype: must be auto, bf16 or fp32, got {self.fsdp_param_dtype!r}")
+        if self.fsdp_reduce_dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"parallel.fsdp_reduce_dtype: must be fp32 or bf16, got {self.fsdp_reduce_dtype!r}")
+        if self.reshard_after_forward not in ("auto", "always", "never"):
+            raise ConfigError(
+                f"parallel.reshard_after_forward: must be auto, always or never, got {self.reshard_after_forward!r}"
+            )
+        if self.fsdp_prefetch < 0:
+            raise ConfigError(f"parallel.fsdp_prefetch: must be >= 0, got {self.fsdp_prefetch}")
+        if self.cpu_offload and self.strategy != "fsdp":
+            raise ConfigError("parallel.cpu_offload: needs parallel.strategy=fsdp")
         if self.ac not in ("none", "full", "selective", "op"):
             raise ConfigError(f"parallel.ac: must be none, full, selective or op, got {self.ac!r}")
         if self.ac_every < 1:
             raise ConfigError(f"parallel.ac_every: must be >= 1, got {self.ac_every}")
-        modes = ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs")
-        if self.compile_mode not in modes:
-            raise ConfigError(f"parallel.compile_mode: must be one of {', '.join(modes)}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"parallel.compile_mode: must be one of {', '.join(COMPILE_MODES)}")
+        if self.compile_backend not in ("inductor", "aot_eager"):
+            raise ConfigError(f"parallel.compile_backend: must be inductor or aot_eager, got {self.compile_backend!r}")
 
 
 def resolve_mesh(cfg: ParallelConfig, world_size: int, n_heads: int, n_kv_heads: int) -> tuple[int, int, int]:
@@ -53,6 +80,9 @@ def resolve_mesh(cfg: ParallelConfig, world_size: int, n_heads: int, n_kv_heads:
         if cfg.dp_shard not in (1, -1) or cfg.tp != 1:
             raise ConfigError("parallel.strategy=ddp: dp_shard and tp must be 1 (use strategy=fsdp for sharding/TP)")
         dims = {"dp_replicate": -1, "dp_shard": 1, "tp": 1}
+    elif cfg.dp_replicate == -1 and cfg.dp_shard == 1:
+        # strategy=fsdp with the mesh left at its defaults: shard, do not replicate.
+        dims = {"dp_replicate": 1, "dp_shard": -1, "tp": cfg.tp}
     auto = [k for k, v in dims.items() if v == -1]
     if len(auto) > 1:
         raise ConfigError(f"parallel: only one of {', '.join(auto)} may be -1 (auto)")
@@ -74,3 +104,23 @@ def resolve_mesh(cfg: ParallelConfig, world_size: int, n_heads: int, n_kv_heads:
     if n_heads % tp or n_kv_heads % tp:
         raise ConfigError(f"parallel.tp: {tp} does not divide model.n_heads={n_heads} and n_kv_heads={n_kv_heads}")
     return dims["dp_replicate"], dims["dp_shard"], tp
+
+
+def check_parallel(job, world_size: int) -> None:
+    """Preflight checks of the parallel section that need the model or the precision."""
+    from train.config import ConfigError
+
+    pcfg = job.parallel
+    _, dp_shard, tp = resolve_mesh(pcfg, world_size, job.model.n_heads, job.model.kv_heads)
+    if tp > 1 and job.model.hidden_dim % tp:
+        raise ConfigError(f"parallel.tp: {tp} does not divide the MLP hidden size {job.model.hidden_dim}")
+    if pcfg.strategy == "fsdp" and job.train.precision == "fp16":
+        raise ConfigError("train.precision: fp16 is not supported with parallel.strategy=fsdp (use bf16)")
+    if pcfg.cpu_offload and (job.train.device == "cpu" or not _cuda_available()):
+        raise ConfigError("parallel.cpu_offload: offloads GPU memory to the host; it needs train.device=cuda")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

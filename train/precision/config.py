@@ -4,24 +4,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+RECIPES = {
+    "torchao": ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"),
+    "te": ("delayed", "current", "mxfp8"),
+}
+DEFAULT_RECIPE = {"torchao": "tensorwise", "te": "current"}
+
 
 @dataclass
 class Float8Config:
     backend: str = "none"  # none | torchao | te
-    recipe: str = "tensorwise"  # torchao: tensorwise | rowwise | rowwise_with_gw_hp | mxfp8
-    #                             te: delayed | current | mxfp8
-    fsdp_float8_all_gather: bool = True  # torchao tensorwise + FSDP2 only
+    recipe: str = "auto"  # auto (torchao: tensorwise, te: current)
+    #                       torchao: tensorwise | rowwise | rowwise_with_gw_hp | mxfp8
+    #                       te: delayed | current | mxfp8
+    fsdp_float8_all_gather: bool = True  # torchao tensorwise + FSDP2 only: all-gather weights in float8
+
+    @property
+    def resolved_recipe(self) -> str:
+        if self.recipe == "auto":
+            return DEFAULT_RECIPE.get(self.backend, "")
+        return self.recipe
 
     def validate(self) -> None:
         from train.config import ConfigError
 
-        recipes = {
-            "none": None,
-            "torchao": ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"),
-            "te": ("delayed", "current", "mxfp8"),
-        }
-        if self.backend not in recipes:
+        if self.backend != "none" and self.backend not in RECIPES:
             raise ConfigError(f"fp8.backend: must be none, torchao or te, got {self.backend!r}")
-        valid = recipes[self.backend]
-        if valid and self.recipe not in valid:
+        valid = RECIPES.get(self.backend)
+        if valid and self.resolved_recipe not in valid:
             raise ConfigError(f"fp8.recipe: {self.recipe!r} is not a {self.backend} recipe (valid: {', '.join(valid)})")

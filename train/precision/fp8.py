@@ -1,9 +1,140 @@
-"""FP8 training: dispatch to the torchao or Transformer Engine backend."""
+"""FP8 training: capability checks, and dispatch to the torchao or Transformer Engine backend.
+
+:func:`check_float8` runs in preflight, before the process group: FP8 asked where it
+cannot run (no GPU, compute capability < 8.9, MXFP8 off sm_100, library missing,
+unsupported combination) is a :class:`~train.config.ConfigError` naming what is missing.
+There is no silent fallback to bf16.
+
+:func:`apply_float8` converts the (meta) model's linears; :func:`attach_float8` adds what
+the training step needs to the :class:`~train.parallel.Parallelized` bundle (TE's
+autocast as ``forward_context``; torchao's float8 scale precompute after each optimizer
+step when FSDP2 all-gathers float8 weights).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 
-def apply_float8(model, cfg, device, parallel_cfg):
+import torch
+
+PACKAGES = {"torchao": "torchao", "te": "transformer_engine"}
+INSTALL_HINT = {
+    "torchao": "pip install 'torchao>=0.17' (or the project's [fp8] extra)",
+    "te": "pip install 'transformer-engine[pytorch]>=2.9' (or use an NGC PyTorch container)",
+}
+GPU_NAMES = {(8, 0): "A100", (8, 6): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell B200/GB200",
+             (12, 0): "RTX Pro 6000 Blackwell"}
+
+
+def _sm(cap: tuple[int, int]) -> str:
+    name = GPU_NAMES.get(cap)
+    return f"sm_{cap[0]}{cap[1]}" + (f" ({name})" if name else "")
+
+
+def torch_supports_torchao_mxfp8() -> bool:
+    """torchao 0.17's MXFP8 training tensor needs DTensor internals that only recent
+    torch builds have (torchao asserts on the same two names)."""
+    try:
+        from torch.distributed.tensor import _dispatch, _ops
+    except ImportError:
+        return False
+    return hasattr(_ops, "scaled_mm_single_dim_strategy") and hasattr(_dispatch, "is_pinned_handler")
+
+
+def float8_problem(cfg, capability: tuple[int, int] | None, installed: bool, tp: int = 1,
+                   compile: bool = False, mx_supported: bool = True, ac: str = "none") -> str | None:
+    """Why FP8 as configured cannot run here (one line), or None when it can.
+
+    ``capability`` is the GPU's compute capability (None: no GPU); ``installed`` whether
+    the backend's package is importable; ``mx_supported`` whether this torch can run
+    torchao's MXFP8 training."""
+    if cfg.backend == "none":
+        return None
+    backend, recipe = cfg.backend, cfg.resolved_recipe
+    what = f"fp8.backend={backend} (recipe {recipe})"
+    if capability is None:
+        return f"{what}: FP8 training needs an NVIDIA GPU with compute capability >= 8.9; this process has no GPU (device cpu)"
+    if capability < (8, 9):
+        return (f"{what}: FP8 training needs compute capability >= 8.9 (Ada, Hopper, Blackwell); "
+                f"this GPU is {_sm(capability)}: use fp8.backend=none with bf16")
+    if recipe == "mxfp8" and capability[0] != 10:
+        extra = "; TE's MXFP8 does not run on sm_120, use fp8.recipe=current" if capability[0] == 12 else ""
+        alt = "tensorwise or rowwise" if backend == "torchao" else "current or delayed"
+        return (f"{what}: MXFP8 needs a sm_100 GPU (B200/GB200); this GPU is {_sm(capability)}{extra} "
+                f"(per-tensor FP8 recipes: {alt})")
+    if backend == "torchao" and recipe.startswith("rowwise") and capability < (9, 0):
+        return f"{what}: row-wise scaled FP8 matmuls need sm_90 or newer; this GPU is {_sm(capability)} (use tensorwise)"
+    if not installed:
+        return f"{what}: the {PACKAGES[backend]} package is not installed: {INSTALL_HINT[backend]}"
+    if backend == "torchao" and recipe == "mxfp8" and not mx_supported:
+        return f"{what}: torchao's MXFP8 training needs a newer torch than {torch.__version__} (DTensor scaled_mm support)"
+    if backend == "te" and tp > 1:
+        return f"{what}: Transformer Engine layers do not compose with DTensor tensor parallelism (parallel.tp={tp}); use fp8.backend=torchao"
+    if backend == "te" and ac != "none":
+        return (f"{what}: parallel.ac={ac} recomputes blocks outside te.autocast (TE needs its own "
+                "te.distributed.checkpoint); use parallel.ac=none or fp8.backend=torchao")
+    if backend == "te" and compile:
+        return f"{what}: Transformer Engine layers are not supported with parallel.compile=true; turn compile off or use fp8.backend=torchao"
+    return None
+
+
+def _local_capability(device_pref: str) -> tuple[int, int] | None:
+    if device_pref == "cpu" or not torch.cuda.is_available():
+        return None
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    index = local_rank if local_rank < torch.cuda.device_count() else 0
+    return torch.cuda.get_device_capability(index)
+
+
+def check_float8(job, world_size: int) -> None:
+    """Preflight (no process group yet): raise ConfigError when FP8 cannot run here."""
+    from train.config import ConfigError
+    from train.parallel.config import resolve_mesh
+
+    cfg = job.fp8
+    if cfg.backend == "none":
+        return
+    _, _, tp = resolve_mesh(job.parallel, world_size, job.model.n_heads, job.model.kv_heads)
+    installed = importlib.util.find_spec(PACKAGES[cfg.backend]) is not None
+    problem = float8_problem(cfg, _local_capability(job.train.device), installed, tp, job.parallel.compile,
+                             torch_supports_torchao_mxfp8(), job.parallel.ac)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def apply_float8(model, cfg, device, parallel_cfg, emulate: bool = False):
+    """Swap the block linears of ``model`` (meta device is fine) for FP8 ones."""
     if cfg.backend == "none":
         return model
-    raise NotImplementedError(f"fp8.backend={cfg.backend} is not available in this build")
+    world = _world_size()
+    if cfg.backend == "torchao":
+        from train.parallel.config import resolve_mesh
+        from train.precision import fp8_torchao
+
+        _, dp_shard, tp = resolve_mesh(parallel_cfg, world, model.cfg.n_heads, model.cfg.kv_heads)
+        all_gather = cfg.fsdp_float8_all_gather and parallel_cfg.strategy == "fsdp" and dp_shard > 1
+        return fp8_torchao.convert(model, cfg.resolved_recipe, tp, all_gather, emulate=emulate)
+    if cfg.backend == "te":
+        from train.precision import fp8_te
+
+        return fp8_te.convert(model)
+    raise ValueError(f"fp8.backend: unknown backend {cfg.backend!r}")
+
+
+def attach_float8(par, fp8_cfg) -> None:
+    """Hooks the training step needs for FP8 (called by ``train.parallel.parallelize``)."""
+    if fp8_cfg.backend == "te":
+        from train.precision import fp8_te
+
+        par.forward_context = fp8_te.forward_context(fp8_cfg.resolved_recipe)
+    elif fp8_cfg.backend == "torchao":
+        from train.precision import fp8_torchao
+
+        if fp8_torchao.uses_fsdp_float8_all_gather(par.inner):
+            par.after_optimizer_step.append(fp8_torchao.precompute_scales_hook(par.model))

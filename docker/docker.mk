@@ -1,0 +1,89 @@
+# Container image targets. Included from the top-level Makefile (`include docker/docker.mk`);
+# also usable alone from the repo root: make -f docker/docker.mk build-image TARGET=hopper
+#
+#   make build-image    TARGET=hopper|blackwell [BASE_IMAGE=...] [ENGINE=docker|podman]
+#                       [PLATFORMS=linux/amd64,linux/arm64] [PIP_CA_BUNDLE=/path/ca.crt]
+#   make push           REGISTRY=registry.example.com/team [TARGET=...]
+#   make test-container TARGET=...   (pytest inside the image; GPU tests when nvidia-smi works)
+#   make k8s-apply      [K8S_DIR=k8s] [KUBECTL_ARGS=--namespace=...]
+# See docker/README.md.
+
+# Do not let these rules become the default goal of the including Makefile.
+_DOCKER_MK_DEFAULT_GOAL := $(.DEFAULT_GOAL)
+
+DOCKER_TARGETS := hopper blackwell
+TARGET ?= hopper
+IMAGE ?= hopper-train:$(TARGET)
+# docker when a Docker engine answers, else podman if installed (evaluated once, lazily).
+ENGINE ?= $(eval ENGINE := $(shell if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; \
+	then echo docker; elif command -v podman >/dev/null 2>&1; then echo podman; else echo docker; fi))$(ENGINE)
+PLATFORMS ?=
+REGISTRY ?=
+BASE_IMAGE ?=
+PIP_CA_BUNDLE ?=
+DOCKER_BUILD_ARGS ?=
+DOCKERFILE = docker/Dockerfile.$(TARGET)
+IMAGE_VERSION ?= $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
+IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+IMAGE_SOURCE ?= $(shell sed -n 's/^Source *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
+# multi-platform docker buildx output: pushed when REGISTRY is set, else an OCI archive
+OCI_ARCHIVE ?= build/images/hopper-train-$(TARGET).oci.tar
+REMOTE_IMAGE = $(REGISTRY)/$(IMAGE)
+
+_BUILD_FLAGS = -f $(DOCKERFILE) \
+	--build-arg VERSION=$(IMAGE_VERSION) \
+	--build-arg REVISION=$(IMAGE_REVISION) \
+	$(if $(IMAGE_SOURCE),--build-arg SOURCE_URL=$(IMAGE_SOURCE)) \
+	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	$(if $(PIP_CA_BUNDLE),--secret id=pip_ca$(,)src=$(PIP_CA_BUNDLE)) \
+	$(DOCKER_BUILD_ARGS)
+, := ,
+
+# test-container: GPUs are used when nvidia-smi lists at least one.
+HAVE_GPU ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1)
+_GPU_FLAGS_docker = --gpus all
+_GPU_FLAGS_podman = --device nvidia.com/gpu=all --security-opt=label=disable
+_TEST_RUN_FLAGS = $(if $(HAVE_GPU),$(_GPU_FLAGS_$(ENGINE)) --ipc=host --ulimit memlock=-1,--shm-size=1g)
+TEST_PYTEST_ARGS ?= -q $(if $(HAVE_GPU),,-m "not gpu") -p no:cacheprovider tests
+
+KUBECTL ?= kubectl
+K8S_DIR ?= k8s
+KUBECTL_ARGS ?=
+
+.PHONY: build-image push test-container k8s-apply docker-check-target
+
+# Expanded only when one of the rules below runs, so other goals never trip on it.
+docker-check-target:
+	$(if $(filter $(TARGET),$(DOCKER_TARGETS)),@:,$(error invalid TARGET='$(TARGET)'; valid targets: $(DOCKER_TARGETS)))
+
+build-image: docker-check-target
+ifeq ($(strip $(PLATFORMS)),)
+	$(ENGINE) build $(_BUILD_FLAGS) -t $(IMAGE) .
+else ifeq ($(ENGINE),docker)
+	@mkdir -p $(dir $(OCI_ARCHIVE))
+	docker buildx build --platform $(PLATFORMS) $(_BUILD_FLAGS) \
+		$(if $(REGISTRY),-t $(REMOTE_IMAGE) --push,-t $(IMAGE) --output type=oci$(,)dest=$(OCI_ARCHIVE)) .
+else
+	-podman manifest rm $(IMAGE) >/dev/null 2>&1
+	podman build --platform $(PLATFORMS) --manifest $(IMAGE) $(_BUILD_FLAGS) .
+endif
+
+push: docker-check-target
+	@test -n "$(REGISTRY)" || { echo "docker.mk: set REGISTRY=host[:port]/path to push" >&2; exit 2; }
+ifeq ($(strip $(PLATFORMS)),)
+	$(ENGINE) tag $(IMAGE) $(REMOTE_IMAGE)
+	$(ENGINE) push $(REMOTE_IMAGE)
+else ifeq ($(ENGINE),docker)
+	docker buildx build --platform $(PLATFORMS) $(_BUILD_FLAGS) -t $(REMOTE_IMAGE) --push .
+else
+	podman manifest push --all $(IMAGE) docker://$(REMOTE_IMAGE)
+endif
+
+test-container: docker-check-target
+	$(ENGINE) run --rm $(_TEST_RUN_FLAGS) -w /opt/hopper-train $(IMAGE) pytest $(TEST_PYTEST_ARGS)
+
+k8s-apply:
+	@command -v $(KUBECTL) >/dev/null || { echo "docker.mk: $(KUBECTL) not found" >&2; exit 2; }
+	$(KUBECTL) apply -R -f $(K8S_DIR) $(KUBECTL_ARGS)
+
+.DEFAULT_GOAL := $(_DOCKER_MK_DEFAULT_GOAL)

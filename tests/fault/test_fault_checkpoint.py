@@ -1,0 +1,235 @@
+"""Checkpoints under faults: corrupted on disk, a crash in the middle of a save, a
+full disk. Each fault is made for real (files truncated/removed/overwritten, the
+process killed by the kernel while writing, a tmpfs that runs out of space) and the
+job is resumed from what is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from dist_utils import ROOT, train_cli
+from train.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state, verify
+from train.config import ModelConfig
+from train.dist import DistInfo
+from train.models.llama import Transformer
+
+SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
+         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "metrics.progress=false"]
+ONE = DistInfo(0, 0, 1, torch.device("cpu"), None)
+
+
+def _model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    with torch.device("meta"):
+        m = Transformer(ModelConfig(dim=32, n_layers=1, n_heads=2, vocab_size=64, max_seq_len=16))
+    m.to_empty(device="cpu")
+    m.init_weights(seed)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.randint(0, 64, (2, 8))).sum().backward()
+    opt.step()
+    return m, opt
+
+
+@pytest.fixture(scope="module")
+def _saved_once(tmp_path_factory):
+    root = tmp_path_factory.mktemp("saved") / "checkpoints"
+    mgr = CheckpointManager(root, ONE, keep=3)
+    weights = {}
+    for step in (2, 4, 6):
+        m, opt = _model(step)
+        mgr.save(step, m, opt, {"step": step, "rng": rng_state(), "note": f"s{step}"})
+        weights[step] = m.output.weight.detach().clone()
+    return root, weights
+
+
+@pytest.fixture
+def three_checkpoints(_saved_once, tmp_path):
+    """step 2, 4, 6 saved by the real manager (each with different weights), copied
+    fresh for every test."""
+    root, weights = _saved_once
+    shutil.copytree(root, tmp_path / "checkpoints")
+    return CheckpointManager(tmp_path / "checkpoints", ONE, keep=3), weights
+
+
+def _corrupt(ckpt: Path, how: str) -> str:
+    """Damage ``ckpt``; returns the text the skip warning must contain."""
+    if how == "missing_shard":
+        next(ckpt.glob("*.distcp")).unlink()
+        return "is missing"
+    if how == "truncated_shard":
+        shard = next(ckpt.glob("*.distcp"))
+        with open(shard, "r+b") as fh:
+            fh.truncate(shard.stat().st_size // 2)
+        return "bytes, manifest says"
+    if how == "garbage_manifest":
+        (ckpt / "manifest.json").write_bytes(b"\x00{not json")
+        return "manifest.json is unreadable"
+    if how == "no_manifest":  # a save that died before its last file
+        (ckpt / "manifest.json").unlink()
+        return "no manifest.json"
+    if how == "missing_metadata":
+        (ckpt / ".metadata").unlink()
+        return ".metadata is missing"
+    if how == "garbage_extra_same_size":  # passes the size check; fails when loaded
+        extra = ckpt / "extra_rank0.pt"
+        extra.write_bytes(b"\x00" * extra.stat().st_size)
+        return "cannot be loaded"
+    if how == "pickle_payload_extra":  # a file that would run code under weights_only=False
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("echo pwned > " + str(ckpt.parent / "pwned"),))
+
+        extra = ckpt / "extra_rank0.pt"
+        torch.save({"step": 6, "x": Evil()}, extra)
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest["files"]["extra_rank0.pt"] = extra.stat().st_size
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+        return "cannot be loaded"
+    if how == "latest_points_to_deleted":
+        shutil.rmtree(ckpt)
+        return "'latest' names 'step_00000006', which does not exist"
+    raise AssertionError(how)
+
+
+CORRUPTIONS = ["missing_shard", "truncated_shard", "garbage_manifest", "no_manifest", "missing_metadata",
+               "garbage_extra_same_size", "pickle_payload_extra", "latest_points_to_deleted"]
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_corrupted_latest_is_skipped_with_a_warning_and_previous_loads(three_checkpoints, how, capfd):
+    mgr, weights = three_checkpoints
+    newest = mgr.root / "step_00000006"
+    expected = _corrupt(newest, how)
+    m, opt = _model(99)
+    path, extra = mgr.load_latest(m, opt)
+    err = capfd.readouterr().err
+    assert path.name == "step_00000004" and extra["step"] == 4 and extra["note"] == "s4"
+    assert torch.equal(m.output.weight, weights[4])
+    warn = [ln for ln in err.splitlines() if "warning" in ln and ("step_00000006" in ln)]
+    assert warn and expected in " ".join(warn), err
+    assert not (mgr.root / "pwned").exists()
+
+
+def test_every_checkpoint_bad_is_an_error_not_a_fresh_start(three_checkpoints):
+    mgr, _ = three_checkpoints
+    for step in (2, 4, 6):
+        _corrupt(mgr.root / f"step_{step:08d}", "garbage_extra_same_size")
+    m, opt = _model(99)
+    with pytest.raises(CheckpointError, match="none of the 3 complete checkpoint"):
+        mgr.load_latest(m, opt)
+
+
+def test_rng_state_round_trips_through_weights_only_load(tmp_path):
+    import random
+
+    import numpy as np
+
+    state = rng_state()
+    torch.save(state, tmp_path / "rng.pt")
+    expect = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expect[0], got[0]) and (expect[1] == got[1]).all() and expect[2] == got[2]
+
+
+def test_retention_keeps_k_and_cleans_crash_leftovers(tmp_path):
+    mgr = CheckpointManager(tmp_path / "checkpoints", ONE, keep=2)
+    m, opt = _model(1)
+    for step in (1, 2):
+        mgr.save(step, m, opt, {"step": step})
+    leftover = mgr.root / ".tmp-step_00000003"  # what a save killed mid-write leaves
+    leftover.mkdir()
+    (leftover / "__0_0.distcp").write_bytes(b"partial")
+    broken = mgr.root / "step_00000000"
+    broken.mkdir()
+    mgr.save(4, m, opt, {"step": 4})
+    names = sorted(p.name for p in mgr.root.iterdir())
+    assert names == ["latest", "step_00000002", "step_00000004"], names
+    assert (mgr.root / "latest").read_text().strip() == "step_00000004"
+    assert all(verify(mgr.root / n) is None for n in names if n.startswith("step_"))
+
+
+# ----------------------------------------------------------------------------- real crashes
+
+
+def _limit_file_size(limit_bytes: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+    return apply
+
+
+# Python ignores SIGXFSZ at start-up (a write past RLIMIT_FSIZE then fails with EFBIG);
+# restoring the default makes the kernel kill the process at that exact write, the way
+# it kills any other program: a deterministic crash in the middle of a checkpoint.
+_DIE_ON_SIGXFSZ = ("import runpy, signal; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
+                   "runpy.run_module('train', run_name='__main__', alter_sys=True)")
+
+
+def test_crash_during_save_keeps_previous_and_resume_cleans_up(tmp_path):
+    out = tmp_path / "run"
+    base = ["run", "--out", str(out), "--checkpoint-every", "2", *SMALL]
+    first = train_cli([*base, "--steps", "4"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((out / "checkpoints" / "step_00000004" / "manifest.json").read_text())["step"] == 4
+
+    # The kernel kills the process (SIGXFSZ) the moment a checkpoint file grows past 256 KiB:
+    # a crash in the middle of writing step 6's shards.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    crash = subprocess.run([sys.executable, "-c", _DIE_ON_SIGXFSZ, *base, "--steps", "8", "--resume"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300, preexec_fn=_limit_file_size(256 * 1024))
+    assert crash.returncode == -signal.SIGXFSZ, crash.stderr[-3000:]
+    ckpts = out / "checkpoints"
+    assert (ckpts / ".tmp-step_00000006").is_dir() and not (ckpts / "step_00000006").exists()
+    assert (ckpts / "latest").read_text().strip() == "step_00000004" and verify(ckpts / "step_00000004") is None
+
+    again = train_cli([*base, "--steps", "8", "--resume"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "at step 4" in again.stdout
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert names == ["latest", "step_00000006", "step_00000008"], names  # tiny keeps 2; .tmp-* removed
+
+
+def _mount_tmpfs(path: Path, size: str) -> str | None:
+    """Mount a small tmpfs (root only); returns why not when it cannot."""
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                         capture_output=True, text=True)
+    return None if res.returncode == 0 else f"mount -t tmpfs failed: {res.stderr.strip()}"
+
+
+def test_disk_full_during_save_is_one_clear_error_and_keeps_previous(tmp_path):
+    disk = tmp_path / "disk"
+    why = _mount_tmpfs(disk, "2600k")  # room for one checkpoint of this model (~1.8 MB), not two
+    if why:
+        pytest.skip(why)
+    try:
+        out = disk / "run"
+        res = train_cli(["run", "--out", str(out), "--steps", "6", "--checkpoint-every", "2", *SMALL])
+        err = res.stderr
+        assert res.returncode == 1, err[-3000:]
+        lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        assert "checkpoint save at step 4 failed on rank 0: No space left on device" in lines[0]
+        assert "step_00000002 is still the latest complete checkpoint" in lines[0]
+        ckpts = out / "checkpoints"
+        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002"]
+        assert verify(ckpts / "step_00000002") is None
+        meta = dcp.FileSystemReader(str(ckpts / "step_00000002")).read_metadata()
+        state = {k: torch.empty(v.size, dtype=v.properties.dtype)
+                 for k, v in meta.state_dict_metadata.items() if k.startswith("model.")}
+        dcp.load(state, checkpoint_id=str(ckpts / "step_00000002"))
+        assert state and all(torch.isfinite(t).all() for t in state.values())
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

@@ -1,0 +1,121 @@
+"""NaN/Inf made for real (absurd learning rate / weight decay) and an unwritable
+output directory: the job stops with one line naming the step, never writes a
+checkpoint holding NaN/Inf, and keeps the last good one loadable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from dist_utils import train_cli
+from train.checkpoint import verify
+
+SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
+         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "metrics.progress=false"]
+
+
+def _params(ckpt: Path) -> dict[str, torch.Tensor]:
+    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    state = {k: torch.empty(v.size, dtype=v.properties.dtype)
+             for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
+    dcp.load(state, checkpoint_id=str(ckpt))
+    return state
+
+
+def _one_error(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def test_nan_skip_is_bounded_then_stops_naming_the_step(tmp_path):
+    out = tmp_path / "run"
+    res = train_cli(["run", "--steps", "40", "--out", str(out), "--checkpoint-every", "1", *SMALL,
+                     "--set", "optim.lr=1e6", "--set", "optim.grad_clip=0", "--set", "optim.warmup_steps=0",
+                     "--set", "train.nan_policy=skip", "--set", "train.max_nan_skips=2"])
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    skipped = [ln for ln in res.stdout.splitlines() if "update skipped" in ln]
+    assert len(skipped) == 2 and "(1/2)" in skipped[0] and "(2/2)" in skipped[1], res.stdout[-3000:]
+    first_bad = int(skipped[0].split("at step ")[1].split()[0])
+    err = _one_error(res.stderr)
+    assert f"non-finite loss/gradient at step {first_bad + 2} " in err and "stopping" in err
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    assert f"last good checkpoint: {out / 'checkpoints' / latest}" in err
+    for ckpt in (out / "checkpoints").glob("step_*"):  # every checkpoint kept is complete and finite
+        assert verify(ckpt) is None
+        assert all(torch.isfinite(t).all() for t in _params(ckpt).values()), ckpt
+
+
+def test_parameters_blown_up_by_the_update_are_never_checkpointed(tmp_path):
+    # weight decay 1e30 x lr 1e10 multiplies the weights by -1e40 (= -inf in fp32) in the
+    # first update, while that step's loss and gradients were still finite.
+    out = tmp_path / "run"
+    res = train_cli(["run", "--steps", "5", "--out", str(out), "--checkpoint-every", "1", *SMALL,
+                     "--set", "optim.lr=1e10", "--set", "optim.weight_decay=1e30", "--set", "optim.warmup_steps=0"])
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "step      1/5 loss" in res.stdout  # the step itself looked fine
+    err = _one_error(res.stderr)
+    assert "parameters are NaN/Inf after step 1; checkpoint not written" in err
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
+def test_unwritable_out_dir_is_a_usage_error(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = False
+    if os.geteuid() == 0:  # root ignores permission bits: use a read-only filesystem instead
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], capture_output=True)
+        if res.returncode != 0:
+            pytest.skip(f"running as root and cannot mount a read-only tmpfs: {res.stderr.decode().strip()}")
+        mounted = True
+    else:
+        ro.chmod(0o555)
+    try:
+        res = train_cli(["run", "--steps", "2", "--out", str(ro / "run"), *SMALL])
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert f"--out {ro / 'run'}: {ro} is not writable" in _one_error(res.stderr)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], capture_output=True)
+        else:
+            ro.chmod(0o755)
+
+
+def test_flight_recorder_settings(tmp_path, monkeypatch):
+    """--flight-recorder N -> TORCH_FR_BUFFER_SIZE; the trainer then asks NCCL to dump on
+    timeout into OUT/flight_recorder unless the user chose a dump path."""
+    from train.dist import flight_recorder_env
+
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                 "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    assert flight_recorder_env(tmp_path / "fr") == {} and not (tmp_path / "fr").exists()
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    applied = flight_recorder_env(tmp_path / "fr")
+    prefix = str(tmp_path / "fr" / "nccl_trace_rank_")
+    assert applied == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": prefix,
+                       "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == prefix and (tmp_path / "fr").is_dir()
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/shared/fr_")  # the user's choice wins
+    monkeypatch.delenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    monkeypatch.delenv("TORCH_NCCL_DUMP_ON_TIMEOUT")
+    assert flight_recorder_env(tmp_path / "other") == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/shared/fr_"
+
+
+def test_restart_hazard_of_the_shared_rendezvous_store(monkeypatch):
+    from train.dist import shared_store_hazard
+
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in shared_store_hazard()
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restarts, no stale keys
+    assert shared_store_hazard() is None
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # what =1 makes torchrun export
+    assert shared_store_hazard() is None

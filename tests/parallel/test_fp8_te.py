@@ -1,0 +1,64 @@
+"""Transformer Engine FP8 (``fp8.backend=te``). TE cannot be installed on our
+development or GPU machines, so these tests skip there (with that reason) and the TE
+path is unverified on hardware; they run wherever ``transformer_engine`` imports (NGC
+PyTorch containers)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from torch import nn
+
+from dist_utils import train_cli
+from test_fp8_torchao import GPU_RUN, SMALL, _assert_learns
+from test_parallel_equivalence import BASE
+
+needs_te = pytest.mark.skipif(
+    importlib.util.find_spec("transformer_engine") is None,
+    reason="Transformer Engine is not installed (needs CUDA: pip install 'transformer-engine[pytorch]>=2.9' "
+           "or an NGC container); the fp8.backend=te path is unverified here",
+)
+
+
+@needs_te
+def test_block_linears_become_te_linear_on_meta_with_unchanged_names():
+    import transformer_engine.pytorch as te
+
+    from train.config import load_config
+    from train.models.llama import Transformer
+    from train.precision.fp8 import apply_float8
+
+    job = load_config(None, BASE + SMALL + ["fp8.backend=te"])
+    with torch.device("meta"):
+        plain = Transformer(job.model)
+        model = apply_float8(Transformer(job.model), job.fp8, torch.device("cpu"), job.parallel)
+    swapped = sorted(n for n, m in model.named_modules() if isinstance(m, te.Linear))
+    assert len(swapped) == 10, swapped  # wq, wo, w1, w2, w3 in 2 blocks; wk/wv (32 -> 8) stay
+    assert type(model.output) is nn.Linear
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
+
+
+@needs_te
+def test_forward_context_is_te_autocast_with_the_recipe():
+    from transformer_engine.common import recipe
+
+    from train.precision.fp8_te import forward_context, make_recipe
+
+    assert isinstance(make_recipe("current"), recipe.Float8CurrentScaling)
+    assert isinstance(make_recipe("delayed"), recipe.DelayedScaling)
+    assert isinstance(make_recipe("mxfp8"), recipe.MXFP8BlockScaling)
+    assert callable(forward_context("current"))
+
+
+@pytest.mark.gpu
+@needs_te
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_gpu_te_fp8_trains(tmp_path, recipe):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs sm_89+")
+    res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run"), "--set", "fp8.backend=te",
+                               "--set", f"fp8.recipe={recipe}"])
+    _assert_learns(res, tmp_path / "run")

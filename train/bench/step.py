@@ -1,0 +1,340 @@
+"""``train bench step``: training-step throughput over a grid of configurations.
+
+One process group for the whole grid (run under torchrun for several GPUs)::
+
+    torchrun --nproc-per-node 2 -m train bench step --preset 1b --strategy ddp,fsdp \\
+        --fp8 none,tensorwise --ac none,full --compile on --batch 4 --seq 2048 --steps 20 --warmup 5
+    python -m train bench step --preset tiny --ac none,full --steps 5      # CPU, one process
+
+Every grid point (preset x strategy x fp8 x ac x compile x batch x seq) builds a fresh
+:class:`~train.trainer.Trainer` from a job config (synthetic data unless ``--data
+embedded``) and calls its ``train_step()``: the same model build, parallelization,
+FP8 conversion and step as ``train run``, no second training loop. ``--warmup`` steps
+(compile, allocator, autotuning; their time is reported as ``warmup_s``), then
+``--steps`` timed steps: CUDA events around each step, median. Reported per point:
+step time, tokens/s (all GPUs), tokens/s/GPU, MFU, peak memory per GPU (max over
+ranks), activation memory (memory held at the end of the forward pass minus before
+it, max over ranks), first and final loss. A point that runs out of memory, or whose
+config cannot run here, becomes a row with its status; the grid goes on.
+
+Strategies: ``ddp``; ``fsdp`` (shard over all ranks); ``hsdp`` (2 replicas x shard);
+``tp`` (tensor parallel over all ranks); ``fsdp_tp`` (TP 2 x shard). FP8: ``none``,
+torchao recipes (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``, ``mxfp8``) or
+Transformer Engine ones (``te:current``, ``te:delayed``, ``te:mxfp8``).
+
+``--plan FILE.yaml`` runs several grids in one launch: a list of mappings with the
+option names as keys (``preset``, ``strategy``, ``fp8``, ``ac``, ``compile``, ``batch``,
+``seq``, ``steps``, ``warmup``, ``data``, ``set``); unset keys take the command-line
+values (a grid's ``set`` list is added to the command line's ``--set``).
+
+Output in ``--out``: ``NAME.json`` (rows, with every step's loss), ``NAME.md``,
+``NAME.png`` (tokens/s/GPU per point), via ``train.bench.report.write_report``.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import click
+import torch
+import torch.distributed as dist
+
+STRATEGIES = {
+    "ddp": ["parallel.strategy=ddp"],
+    "fsdp": ["parallel.strategy=fsdp", "parallel.dp_replicate=1", "parallel.dp_shard=-1", "parallel.tp=1"],
+    "hsdp": ["parallel.strategy=fsdp", "parallel.dp_replicate=2", "parallel.dp_shard=-1", "parallel.tp=1"],
+    "tp": ["parallel.strategy=fsdp", "parallel.dp_replicate=1", "parallel.dp_shard=1", "parallel.tp=-1"],
+    "fsdp_tp": ["parallel.strategy=fsdp", "parallel.dp_replicate=1", "parallel.dp_shard=-1", "parallel.tp=2"],
+}
+GRID_KEYS = ("preset", "strategy", "fp8", "ac", "compile", "batch", "seq")
+COLUMNS = ["preset", "strategy", "mesh", "fp8", "ac", "compile", "batch", "seq", "overrides", "gpus", "status", "step_ms",
+           "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "act_mem_gib", "warmup_s",
+           "first_loss", "final_loss"]
+
+
+def split_list(text) -> list[str]:
+    if isinstance(text, (list, tuple)):
+        return [str(t).strip() for t in text if str(t).strip()]
+    return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def fp8_overrides(value: str) -> list[str]:
+    if value == "none":
+        return ["fp8.backend=none"]
+    if value.startswith("te:"):
+        return ["fp8.backend=te", f"fp8.recipe={value[3:]}"]
+    return ["fp8.backend=torchao", f"fp8.recipe={value}"]
+
+
+def compile_flag(value: str) -> bool:
+    v = str(value).lower()
+    if v in ("on", "true", "1", "yes"):
+        return True
+    if v in ("off", "false", "0", "no"):
+        return False
+    raise click.BadParameter(f"--compile: expected on/off, got {value!r}")
+
+
+def expand(grid: dict) -> list[dict]:
+    """The cartesian product of one grid's comma lists, as point dicts."""
+    for key in ("strategy",):
+        for v in split_list(grid[key]):
+            if v not in STRATEGIES:
+                raise click.BadParameter(f"--strategy: unknown {v!r} (valid: {', '.join(STRATEGIES)})")
+    lists = [split_list(grid[k]) for k in GRID_KEYS]
+    points = []
+    for combo in itertools.product(*lists):
+        point = dict(zip(GRID_KEYS, combo))
+        point["compile"] = compile_flag(point["compile"])
+        point["batch"], point["seq"] = int(point["batch"]), int(point["seq"])
+        point.update(steps=int(grid["steps"]), warmup=int(grid["warmup"]), data=grid["data"],
+                     set=list(grid.get("set") or []))
+        points.append(point)
+    return points
+
+
+def job_overrides(point: dict) -> list[str]:
+    return [
+        f"model.name={point['preset']}",
+        f"data.source={point['data']}",
+        f"train.seq_len={point['seq']}",
+        f"train.batch_size={point['batch']}",
+        f"train.steps={point['warmup'] + point['steps']}",
+        "checkpoint.final=false", "checkpoint.resume=never", "checkpoint.every=0",
+        "metrics.progress=false",
+        *STRATEGIES[point["strategy"]],
+        *fp8_overrides(point["fp8"]),
+        f"parallel.ac={point['ac']}",
+        f"parallel.compile={str(point['compile']).lower()}",
+        *point["set"],
+    ]
+
+
+class _ForwardMemory:
+    """Memory allocated by the forward pass and still held when it returns
+    (saved activations + logits): hooks on the model's outermost module."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        self.device = device
+        self.before = 0
+        self.delta = 0
+        self.handles = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
+
+    def _pre(self, module, args):
+        self.before = torch.cuda.memory_allocated(self.device)
+
+    def _post(self, module, args, output):
+        self.delta = max(self.delta, torch.cuda.memory_allocated(self.device) - self.before)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+class _StepClock:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def time(self, fn) -> tuple[float, object]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0, out
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+
+
+def _reduce_max(values: list[float], info) -> list[float]:
+    if info.backend is None:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:200]
+
+
+def run_point(point: dict, info) -> dict:
+    """Build a Trainer for ``point``, run warm-up + timed steps; one report row."""
+    from train import preflight
+    from train.config import ConfigError, load_config
+    from train.trainer import Trainer
+
+    row = {k: point[k] for k in GRID_KEYS}
+    row["compile"] = "on" if point["compile"] else "off"
+    row["overrides"] = " ".join(point["set"])
+    row["gpus"] = info.world_size
+    try:
+        job = load_config(None, job_overrides(point))
+        preflight.check_job(job, info.world_size)
+    except ConfigError as exc:
+        row["status"] = f"skipped: {' '.join(str(exc).split())}"[:200]
+        return row
+
+    cuda = info.device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(info.device)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-step-"))
+    trainer, memory, code = None, None, 0.0
+    try:
+        trainer = Trainer(job, info, workdir)
+        mesh = trainer.par.mesh
+        row["mesh"] = mesh.describe() if hasattr(mesh, "describe") else f"dp={trainer.par.dp_world}"
+        clock = _StepClock(info.device)
+        losses = []
+        t0 = time.perf_counter()
+        for _ in range(point["warmup"]):
+            losses.append(trainer.train_step()[0])
+        row["warmup_s"] = time.perf_counter() - t0
+        if cuda:
+            memory = _ForwardMemory(trainer.par.model, info.device)
+        times = []
+        for _ in range(point["steps"]):
+            dt, (loss, _, _) = clock.time(trainer.train_step)
+            times.append(dt)
+            losses.append(loss)
+        step_s = _reduce_max([statistics.median(times)], info)[0]
+        tokens = job.train.batch_size * job.train.seq_len * trainer.accum * trainer.par.dp_world
+        row["step_ms"] = step_s * 1000
+        row["tokens_per_s"] = tokens / step_s
+        row["tokens_per_s_per_gpu"] = tokens / step_s / info.world_size
+        peak = trainer.metrics.peak_tflops
+        row["mfu"] = row["tokens_per_s_per_gpu"] * trainer.flops_per_token / (peak * 1e12) if peak else None
+        if cuda:
+            peak_mem, act = _reduce_max([torch.cuda.max_memory_allocated(info.device), memory.delta], info)
+            row["peak_mem_gib"], row["act_mem_gib"] = peak_mem / 2**30, act / 2**30
+        row["first_loss"], row["final_loss"] = losses[0], losses[-1]
+        row["losses"] = losses
+        row["status"] = "ok"
+    except torch.OutOfMemoryError:
+        code, row["status"] = 1.0, "OOM"
+    except Exception as exc:  # a failing point is a row, not the end of the grid
+        code, row["status"] = 2.0, f"error: {_first_line(exc)}"
+        if os.environ.get("TRAIN_DEBUG"):
+            traceback.print_exc()
+    finally:
+        if memory is not None:
+            memory.remove()
+        if trainer is not None:
+            trainer.metrics.close()
+        trainer = None
+        gc.collect()
+        if point["compile"]:
+            torch._dynamo.reset()  # drop compiled graphs (and the modules they reference)
+        if cuda:
+            torch.cuda.empty_cache()
+        shutil.rmtree(workdir, ignore_errors=True)
+    # Every rank reports the worst outcome of the point (all ranks must agree on the row).
+    worst = _reduce_max([code], info)[0]
+    if worst and code == 0:
+        row["status"] = "OOM on another rank" if worst == 1 else "failed on another rank"
+    return row
+
+
+def _label(row: dict) -> str:
+    return (f"{row['preset']} {row['strategy']} fp8={row['fp8']} ac={row['ac']} c={row['compile']} "
+            f"{row['batch']}x{row['seq']}")
+
+
+def _chart(ax, rows) -> None:
+    ok = [r for r in rows if r.get("status") == "ok"]
+    labels = [_label(r) for r in ok]
+    values = [r["tokens_per_s_per_gpu"] for r in ok]
+    ax.barh(range(len(ok)), values, color="tab:blue")
+    ax.set_yticks(range(len(ok)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("tokens/s per GPU")
+    ax.set_title("train bench step")
+
+
+def load_plan(path: Path, defaults: dict) -> list[dict]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.BadParameter(f"--plan {path}: cannot read ({exc.__class__.__name__})") from None
+    if not isinstance(data, list) or not all(isinstance(g, dict) for g in data):
+        raise click.BadParameter(f"--plan {path}: expected a YAML list of mappings")
+    grids = []
+    for i, g in enumerate(data):
+        unknown = set(g) - set(defaults)
+        if unknown:
+            raise click.BadParameter(f"--plan {path}: grid {i}: unknown keys {', '.join(sorted(unknown))}")
+        grid = {**defaults, **g}
+        grid["set"] = list(defaults["set"]) + list(g.get("set") or [])  # command-line --set applies too
+        grids.append(grid)
+    return grids
+
+
+@click.command("step")
+@click.option("--preset", default="tiny", show_default=True, help="Model presets (comma list).")
+@click.option("--strategy", default="ddp", show_default=True, help=f"Comma list of: {', '.join(STRATEGIES)}.")
+@click.option("--fp8", default="none", show_default=True,
+              help="Comma list: none, tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, te:current, te:delayed, te:mxfp8.")
+@click.option("--ac", default="none", show_default=True, help="Comma list of: none, full, selective, op.")
+@click.option("--compile", "compile_", default="off", show_default=True, help="Comma list of: on, off.")
+@click.option("--batch", default="4", show_default=True, help="Micro-batch per rank (comma list).")
+@click.option("--seq", default="128", show_default=True, help="Sequence length (comma list).")
+@click.option("--steps", default=10, show_default=True, type=int, help="Timed steps per point.")
+@click.option("--warmup", default=3, show_default=True, type=int, help="Untimed steps first (compile etc.).")
+@click.option("--data", default="synthetic", show_default=True, type=click.Choice(["synthetic", "embedded"]))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every point.")
+@click.option("--plan", type=click.Path(path_type=Path, dir_okay=False), help="YAML list of grids to run.")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--timeout-s", default=900, show_default=True, type=int, help="Process-group timeout.")
+@click.option("--out", "out_dir", default="runs/bench-step", show_default=True, type=click.Path(path_type=Path))
+@click.option("--name", default="step", show_default=True, help="Report file name (NAME.json/.md/.png).")
+def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, data, overrides, plan, device,
+             timeout_s, out_dir, name) -> None:
+    """Step throughput, MFU and memory over a grid of strategy x FP8 x AC x compile x model x batch."""
+    from train import dist as tdist
+    from train.bench.report import environment_meta, write_report
+
+    if steps < 1 or warmup < 0:
+        raise click.BadParameter("--steps must be >= 1 and --warmup >= 0")
+    defaults = dict(preset=preset, strategy=strategy, fp8=fp8, ac=ac, compile=compile_, batch=batch, seq=seq,
+                    steps=steps, warmup=warmup, data=data, set=list(overrides))
+    grids = load_plan(plan, defaults) if plan else [defaults]
+    points = [p for g in grids for p in expand(g)]
+
+    info = tdist.init_distributed(device, timeout_s)
+    rows, table = [], ""
+    meta = environment_meta() if info.is_main else {}
+    meta.update(command=" ".join(["train bench step", *sys.argv[3:]]), world_size=info.world_size,
+                device=info.device.type)
+    try:
+        for i, point in enumerate(points):
+            row = run_point(point, info)
+            rows.append(row)
+            if info.is_main:
+                extra = ""
+                if row.get("status") == "ok":
+                    extra = f" {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, step {row['step_ms']:.1f} ms"
+                click.echo(f"[bench step] {i + 1}/{len(points)} {_label(row)}: {row['status']}{extra}", err=True)
+                # Rewritten after every point: a launch cut short keeps what it measured.
+                table = write_report(out_dir, name, rows, COLUMNS, meta=meta, chart=_chart)
+        if info.is_main:
+            click.echo(table)
+            click.echo(f"\nreport: {out_dir / (name + '.json')}, .md, .png")
+    finally:
+        tdist.shutdown()

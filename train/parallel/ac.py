@@ -1,0 +1,82 @@
+"""Activation checkpointing of transformer blocks (``parallel.ac``).
+
+* ``full``: every block recomputes its forward in the backward pass; only block inputs
+  are kept.
+* ``selective``: every ``ac_every``-th block (0, k, 2k, ...) is checkpointed.
+* ``op``: every block, but op-level selective: outputs of the expensive ops (matmuls
+  and attention, every second matmul excepted, as torchtitan does) are saved and only the
+  cheap elementwise ops are recomputed (``torch.utils.checkpoint``'s
+  ``create_selective_checkpoint_contexts``).
+
+Blocks are replaced in ``model.layers`` by torch's ``checkpoint_wrapper``. That inserts
+``_checkpoint_wrapped_module.`` into ``named_parameters()`` names, but
+``torch.distributed.checkpoint.state_dict.get_state_dict`` (what train/checkpoint.py
+uses) strips it, so checkpoints load across ``ac`` settings (tested).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+
+def _save_list() -> set:
+    """Ops whose outputs ``op`` mode keeps instead of recomputing."""
+    aten = torch.ops.aten
+    names = [
+        "mm", "addmm", "bmm",
+        "_scaled_mm",  # float8 matmuls
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "max",  # float8 amax: cheap to keep, a reduction to recompute
+    ]
+    ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    c10d = getattr(torch.ops, "_c10d_functional", None)
+    if c10d is not None and hasattr(c10d, "reduce_scatter_tensor"):
+        ops.add(c10d.reduce_scatter_tensor.default)  # TP/SP collectives: never redo communication
+    return ops
+
+
+def _op_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = _save_list()
+    mm = torch.ops.aten.mm.default
+    counts: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        if func == mm:
+            # Count forward and recompute separately so both make the same decisions.
+            key = "recompute" if ctx.is_recompute else "forward"
+            counts[key] += 1
+            if counts[key] % 2 == 0:  # recompute every second matmul: memory/compute balance
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _wrap(block: nn.Module, mode: str) -> nn.Module:
+    kwargs = {"preserve_rng_state": False}  # no dropout in the model: nothing random to replay
+    if mode == "op":
+        kwargs["context_fn"] = _op_context
+    return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)
+
+
+def apply_ac(model: nn.Module, pcfg) -> int:
+    """Wrap blocks of ``model.layers`` in place; returns how many were wrapped."""
+    if pcfg.ac == "none":
+        return 0
+    wrapped = 0
+    for i, (name, block) in enumerate(list(model.layers.items())):
+        if pcfg.ac == "selective" and i % pcfg.ac_every:
+            continue
+        model.layers[name] = _wrap(block, pcfg.ac)
+        wrapped += 1
+    return wrapped
+

@@ -1,0 +1,129 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): FSDP, HSDP and FSDP + TP.
+
+Order of operations (torchtitan's): mesh -> TP -> activation checkpointing -> compile ->
+``fully_shard`` on every block, then on the root -> materialize. The model is still on
+the meta device when it is sharded; ``materialize`` then allocates only this rank's
+shards (``to_empty``) and ``init_weights`` fills them from the same full tensors a
+single process would draw, so the values do not depend on the mesh (tested).
+
+* Mixed precision: ``MixedPrecisionPolicy``: unsharded params in ``fsdp_param_dtype``
+  (auto = the training precision), gradients reduced in ``fsdp_reduce_dtype`` (fp32).
+  Sharded params and optimizer state stay fp32.
+* ``reshard_after_forward``: auto frees every block's gathered params after its
+  forward except the last block's (backward needs them at once); ``never`` keeps them
+  (more memory, no re-gather in backward); ``always`` frees all.
+* ``cpu_offload``: ``CPUOffloadPolicy`` (params/grads/optimizer state on the host; the
+  optimizer step runs on the CPU). Weights are then initialised on the CPU.
+* ``fsdp_prefetch`` = k: block i all-gathers blocks i+1..i+k at the start of its
+  forward and blocks i-1..i-k at the start of its backward, instead of relying on the
+  CPU running ahead.
+* Gradient accumulation: ``no_sync`` turns off gradient reduction
+  (``set_requires_gradient_sync(False)``) for the non-final micro-steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from train.parallel.ac import apply_ac
+from train.parallel.compile import apply_compile
+from train.parallel.mesh import build_mesh
+from train.parallel.tp import apply_tp
+
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def mixed_precision_policy(pcfg, precision: str) -> MixedPrecisionPolicy:
+    if pcfg.fsdp_param_dtype == "auto":
+        param_dtype = torch.bfloat16 if precision == "bf16" else None
+    else:
+        param_dtype = _DTYPES[pcfg.fsdp_param_dtype]
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=_DTYPES[pcfg.fsdp_reduce_dtype])
+
+
+def _reshard_policy(mode: str, index: int, n_blocks: int) -> bool:
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    return index < n_blocks - 1
+
+
+def _set_prefetch(model: nn.Module, blocks: list[nn.Module], k: int) -> None:
+    if k <= 0:
+        return
+    model.set_modules_to_forward_prefetch(blocks[:1])
+    for i, block in enumerate(blocks):
+        ahead = blocks[i + 1:i + 1 + k]
+        behind = list(reversed(blocks[max(0, i - k):i]))
+        if ahead:
+            block.set_modules_to_forward_prefetch(ahead)
+        if behind:
+            block.set_modules_to_backward_prefetch(behind)
+
+
+@contextlib.contextmanager
+def _no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str) -> None:
+    """``fully_shard`` each block, then the root (embedding, final norm, output)."""
+    kwargs = {
+        "mesh": fsdp_mesh,
+        "mp_policy": mixed_precision_policy(pcfg, precision),
+        "offload_policy": CPUOffloadPolicy() if pcfg.cpu_offload else OffloadPolicy(),
+    }
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        fully_shard(block, reshard_after_forward=_reshard_policy(pcfg.reshard_after_forward, i, len(blocks)), **kwargs)
+    # The root's params (output projection) are needed right at the start of backward.
+    fully_shard(model, reshard_after_forward=pcfg.reshard_after_forward == "always", **kwargs)
+    _set_prefetch(model, blocks, pcfg.fsdp_prefetch)
+
+
+def apply_fsdp(model: nn.Module, job, info, materialize):
+    from train.parallel import Parallelized
+    from train.precision.amp import resolve_precision
+
+    pcfg = job.parallel
+    precision = resolve_precision(job.train.precision, info.device)
+    if precision == "fp16":
+        raise ValueError("parallel.strategy=fsdp: train.precision=fp16 is not supported (use bf16)")
+    mesh = build_mesh(pcfg, info.world_size, job.model, info.device.type, cpu_collectives=pcfg.cpu_offload)
+    if mesh.tp > 1:
+        apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel)
+    apply_ac(model, pcfg)
+    apply_compile(model, pcfg)
+    shard_model(model, mesh.fsdp_mesh, pcfg, precision)
+    if pcfg.cpu_offload:
+        _materialize_offloaded(model, job.train.seed, info.device)
+    else:
+        materialize(model)
+
+    par = Parallelized(
+        model=model, inner=model, dp_rank=mesh.dp_rank, dp_world=mesh.dp_world, mesh=mesh,
+        no_sync=lambda: _no_sync(model),
+    )
+    if mesh.tp > 1 and pcfg.loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        par.loss_context = loss_parallel
+    return par
+
+
+def _materialize_offloaded(model: nn.Module, seed: int, device: torch.device) -> None:
+    """CPU offload: sharded params live on the host; buffers (RoPE table) on the GPU."""
+    model.to_empty(device="cpu")
+    model.init_weights(seed)
+    for mod in model.modules():
+        for name, buf in list(mod.named_buffers(recurse=False)):
+            setattr(mod, name, buf.to(device))

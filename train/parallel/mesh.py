@@ -1,0 +1,75 @@
+"""The device mesh: named dims ``dp_replicate`` x ``dp_shard`` x ``tp``.
+
+One 3-D mesh over all ranks (dims of size 1 included, so names are always valid), and
+the sub-meshes each strategy needs:
+
+* pure FSDP: ``dp_shard`` (1-D) for ``fully_shard``;
+* HSDP: ``(dp_replicate, dp_shard)`` (2-D: replicate across, shard within) for ``fully_shard``;
+* TP: ``tp`` for ``parallelize_module``; with FSDP too, params end up on the 2-D/3-D mesh.
+
+The data-parallel rank combines the replicate and shard coordinates: the ``tp`` ranks of
+one data-parallel group share it, so they read the same batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from train.parallel.config import resolve_mesh
+
+DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+
+
+@dataclass
+class Mesh:
+    world: DeviceMesh
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    @property
+    def dp_world(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_rank(self) -> int:
+        return self.world["dp_replicate"].get_local_rank() * self.dp_shard + self.world["dp_shard"].get_local_rank()
+
+    @property
+    def fsdp_mesh(self) -> DeviceMesh:
+        """What ``fully_shard`` gets: 1-D for FSDP, 2-D (replicate, shard) for HSDP."""
+        if self.dp_replicate > 1:
+            return self.world["dp_replicate", "dp_shard"]
+        return self.world["dp_shard"]
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self.world["tp"]
+
+    def describe(self) -> str:
+        return f"dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp}"
+
+
+# (default process group, device type, dims, cpu_collectives) -> DeviceMesh. A mesh (and
+# its communicators) is made once per process group and shape: `train bench step` and the
+# tests build many models in one process group.
+_MESHES: dict[tuple, DeviceMesh] = {}
+
+
+def build_mesh(pcfg, world_size: int, model_cfg, device_type: str, cpu_collectives: bool = False) -> Mesh:
+    """``cpu_collectives``: the mesh's groups also get a gloo backend for CPU tensors
+    (FSDP CPU offload: the gradient-norm reduction runs on host-resident DTensors, which
+    NCCL cannot take)."""
+    import torch.distributed as dist
+
+    dims = resolve_mesh(pcfg, world_size, model_cfg.n_heads, model_cfg.kv_heads)
+    cpu_collectives = cpu_collectives and device_type == "cuda"
+    key = (dist.group.WORLD, device_type, dims, cpu_collectives)
+    if key not in _MESHES:
+        kwargs = {}
+        if cpu_collectives:
+            kwargs["backend_override"] = {name: "cuda:nccl,cpu:gloo" for name in DIM_NAMES}
+        _MESHES[key] = init_device_mesh(device_type, dims, mesh_dim_names=DIM_NAMES, **kwargs)
+    return Mesh(_MESHES[key], *dims)
