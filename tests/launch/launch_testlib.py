@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
-SHELLCHECK = str(Path(PY).parent / "shellcheck")
+SHELLCHECK = shutil.which("shellcheck") or str(Path(PY).parent / "shellcheck")
 DOCUMENTED_NCCL = frozenset(
     line.strip()
     for line in (HERE / "nccl_documented_env.txt").read_text().splitlines()
