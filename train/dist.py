@@ -260,6 +260,46 @@ def _rank_tag() -> str:
     return f"[rank {os.environ.get('RANK', '0')}] " if os.environ.get("WORLD_SIZE", "1") != "1" else ""
 
 
+def torchrun_kill_after_s() -> int | None:
+    """Seconds torchrun waits after forwarding SIGTERM before it SIGKILLs the workers,
+    when a worker can know it: 30 on torch without ``--shutdown-timeout`` (2.11 has
+    none), ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` on newer torch; None outside torchrun or
+    when only torchrun's command line knows."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    try:
+        import inspect
+
+        from torch.distributed.launcher.api import LaunchConfig
+
+        configurable = "shutdown_timeout" in inspect.signature(LaunchConfig).parameters
+    except Exception:  # noqa: BLE001 - unknown torch layout: say nothing
+        return None
+    if not configurable:
+        return 30
+    raw = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+_active_preemption: Preemption | None = None
+_watcher_started = False
+
+
+def _watch_wakeup_fd(read_fd: int) -> None:
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM in data and _active_preemption is not None:
+            _active_preemption._trip()
+
+
 class Preemption:
     """SIGTERM (Kubernetes eviction, Slurm ``--signal``, torchrun forwarding its own
     SIGTERM) sets a flag; the loop finishes the current step, every rank agrees to stop
@@ -270,39 +310,38 @@ class Preemption:
     handler also writes the signal number to the wakeup fd: a watcher thread reads it at
     once and arms a timer. If the process is still alive ``grace_s`` later it exits on
     its own: 0 when the checkpoint was written (e.g. stuck tearing down the process
-    group), 1 when not (the previous complete checkpoint stays the latest)."""
+    group), 1 when not (the previous complete checkpoint stays the latest).
+
+    One watcher per process; the most recently installed instance receives the signal."""
 
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
         self.requested = False
         self.at = 0.0
         self.checkpointed = False
-        self._installed = False
         self._lock = threading.Lock()
 
     def install(self) -> None:
-        if self._installed or threading.current_thread() is not threading.main_thread():
+        global _active_preemption, _watcher_started
+        if threading.current_thread() is not threading.main_thread():
             return
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
+        _active_preemption = self
         signal.signal(signal.SIGTERM, self._handler)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, args=(read_fd,), name="sigterm-watch", daemon=True).start()
-        self._installed = True
+        kill_after = torchrun_kill_after_s()
+        if kill_after is not None and self.grace_s >= kill_after and os.environ.get("RANK", "0") == "0":
+            print(f"[train] warning: torchrun SIGKILLs the workers {kill_after}s after it forwards SIGTERM, before "
+                  f"train.shutdown_grace_s={self.grace_s:g}s runs out: a preemption checkpoint must finish within "
+                  f"{kill_after}s (raise TORCH_ELASTIC_SHUTDOWN_TIMEOUT where torch supports it)",
+                  file=sys.stderr, flush=True)
+        if not _watcher_started:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(write_fd, False)
+            signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+            threading.Thread(target=_watch_wakeup_fd, args=(read_fd,), name="sigterm-watch", daemon=True).start()
+            _watcher_started = True
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         self._trip()
-
-    def _watch(self, read_fd: int) -> None:
-        while True:
-            try:
-                data = os.read(read_fd, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            if signal.SIGTERM in data:
-                self._trip()
 
     def _trip(self) -> None:
         with self._lock:

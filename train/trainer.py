@@ -4,6 +4,7 @@ and metrics together. Each of those is its own component; this file only drives 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import sys
 from dataclasses import dataclass, field
@@ -209,8 +210,10 @@ class Trainer:
         if self.info.backend is not None:
             with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
                 dist.all_reduce(vec)
-            vec[0] /= self.info.world_size
-        mean_loss, bad, stop = vec.tolist()
+                vec[0] /= self.info.world_size
+                mean_loss, bad, stop = vec.tolist()
+        else:
+            mean_loss, bad, stop = vec.tolist()
         return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0
 
     def train_step(self) -> tuple[float, float, bool]:
@@ -218,10 +221,12 @@ class Trainer:
             loss = self._forward_backward()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        with tdist.collective("all_reduce (gradient norm)"):
+        # On CUDA the host blocks at the first .item() after the collectives were queued:
+        # that is where a hung gradient all_reduce is seen, so it is inside the context too.
+        with tdist.collective("all_reduce (gradient buckets / gradient norm)"):
             grad_norm = _clip_grad_norm(self.par.model.parameters(), self.job.optim.grad_clip)
-        # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
-        norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
+            # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
+            norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
         mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
         if nonfinite:
             self._handle_nonfinite(mean_loss, float(grad_norm))
@@ -312,6 +317,15 @@ class Trainer:
             summary.mfu = per_gpu * self.flops_per_token / (self.metrics.peak_tflops * 1e12)
         return summary
 
+    def release(self) -> None:
+        """Drop the wrapped model (DDP's C++ reducer holds a reference to the process
+        group) before the group is destroyed. Otherwise the reducer can end up freeing
+        the group itself, with the GIL held, while a gloo worker thread needs the GIL to
+        finish its last work: a deadlock at exit (seen here in 3 of 12 kill-and-restart runs on CPU)."""
+        self.par = None
+        self.optimizer = None
+        self.scheduler = None
+
     def describe(self) -> str:
         n = count_params(self.par.inner)
         return (
@@ -397,5 +411,9 @@ def run(job, out_dir: Path, resume: bool = False) -> Summary:
             raise oom from None
         raise
     finally:
+        if trainer is not None:
+            trainer.release()
+        trainer = None
+        gc.collect()
         if tear_down:
             tdist.shutdown()

@@ -119,3 +119,18 @@ def test_restart_hazard_of_the_shared_rendezvous_store(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # what =1 makes torchrun export
     assert shared_store_hazard() is None
+
+
+def test_torchrun_kill_timeout_as_seen_by_a_worker(monkeypatch):
+    import inspect
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from train.dist import torchrun_kill_after_s
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert torchrun_kill_after_s() is None  # not under torchrun
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "20")
+    configurable = "shutdown_timeout" in inspect.signature(LaunchConfig).parameters
+    assert torchrun_kill_after_s() == (20 if configurable else 30)  # torch 2.11 has no such setting
