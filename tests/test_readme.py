@@ -1,0 +1,29 @@
+"""README promises that must stay true."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _block(text: str) -> str:
+    b = text.index("<!-- bad-inputs:begin")
+    e = text.index("<!-- bad-inputs:end")
+    return text[b:e]
+
+
+def test_readme_bad_input_table_is_the_generated_one():
+    assert _block((ROOT / "README.md").read_text()) == _block((ROOT / "docs" / "bad-inputs.md").read_text())
+
+
+def test_readme_names_the_two_setup_commands_and_ci_runs_make_test():
+    readme = (ROOT / "README.md").read_text()
+    assert "make demo" in readme and "make test" in readme
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_linked_result_file_exists():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    for link in re.findall(r"\]\(((?:docs|scripts|docker|k8s)/[^)#]+)\)", readme):
+        assert (ROOT / link).exists(), link
