@@ -2,14 +2,8 @@
 # GPU campaign, part B (2xH200): communication benches, doctor, GPU-marked tests of
 # train/comm/doctor. Results under $OUT/{comm,doctor,pytest}/.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
+# shellcheck source=scripts/gpu/common.sh
+source "$(dirname "$0")/common.sh"
 mkdir -p "$OUT/pytest"
 bash scripts/gpu/comm.sh || echo "comm.sh exit $?"
 bash scripts/gpu/doctor.sh || echo "doctor.sh exit $?"
