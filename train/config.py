@@ -143,6 +143,11 @@ class JobConfig:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate()
+        if self.comm.hook != "none" and self.parallel.strategy != "ddp":
+            raise ConfigError(
+                f"comm.hook={self.comm.hook}: communication hooks are DDP hooks; parallel.strategy="
+                f"{self.parallel.strategy} does not use them (set comm.hook=none or parallel.strategy=ddp)"
+            )
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(
                 f"train.seq_len: {self.train.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}"

@@ -44,6 +44,8 @@ def test_set_overrides_are_typed():
     (["parallel.compile=maybe"], "parallel.compile"),
     (["train=3"], "train"),
     (["noequals"], "noequals"),
+    (["comm.hook=powersgd", "parallel.strategy=fsdp", "parallel.dp_shard=-1", "parallel.dp_replicate=1"],
+     "comm.hook"),
 ])
 def test_bad_values_name_the_key(override, culprit):
     with pytest.raises(ConfigError) as err:
