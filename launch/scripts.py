@@ -103,6 +103,9 @@ def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[str]:
         f"--nodes={nodes}",
         "--ntasks-per-node=1",
         f"--gpus-per-node={spec.nproc_per_node}",
+        # Preemption / time limit: SIGTERM reaches every step's torchrun grace_period_s before
+        # the end; torchrun forwards it and the training loop checkpoints and exits.
+        f"--signal=TERM@{spec.grace_period_s}",
     ]
     cpus = _slurm_cpus(spec)
     if cpus:

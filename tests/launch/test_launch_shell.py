@@ -194,7 +194,7 @@ def test_slurm_directives(tmp_path):
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives == [
         "#SBATCH --job-name=b200-el", "#SBATCH --nodes=2-4", "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --gpus-per-node=8", "#SBATCH --cpus-per-task=96", "#SBATCH --partition=gpu",
+        "#SBATCH --gpus-per-node=8", "#SBATCH --signal=TERM@300", "#SBATCH --cpus-per-task=96", "#SBATCH --partition=gpu",
         "#SBATCH --account=proj", "#SBATCH --time=1-00:00:00",
     ]
     assert run_inproc(["slurm", "--cpus", "500m"])[0] == 2
