@@ -57,7 +57,15 @@ class EnvPlan:
 
 def _torch_defaults(spec: JobSpec) -> list[tuple[str, str | None, str]]:
     shutdown = max(spec.grace_period_s - SHUTDOWN_MARGIN_S, 10)
-    return [
+    restarts = []
+    if spec.max_restarts > 0:
+        restarts.append((
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+            "1",
+            "with --max-restarts a restarted worker group gets a fresh store; on the shared "
+            "rendezvous store it can read the dead group's keys and fail to connect (pytorch#135712)",
+        ))
+    return restarts + [
         (
             "TORCH_NCCL_ASYNC_ERROR_HANDLING",
             "3",

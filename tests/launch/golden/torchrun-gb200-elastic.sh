@@ -13,6 +13,8 @@
 set -euo pipefail
 
 # ---- environment (torch, profile gb200, fabric infiniband, options) ----
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE: with --max-restarts a restarted worker group gets a fresh store; on the shared rendezvous store it can read the dead group's keys and fail to connect (pytorch#135712)
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # TORCH_NCCL_ASYNC_ERROR_HANDLING: on an NCCL error or collective timeout the watchdog tears the process down (3: without aborting the communicator, the current torch default) so the launcher restarts from the last checkpoint; set explicitly so older images behave the same
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=3
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: after forwarding SIGTERM torchrun waits this long before SIGKILL (default 30 s); grace period 300 s minus a 30 s margin leaves the training loop time to write its preemption checkpoint
