@@ -62,6 +62,11 @@ def grad_accum_steps(job, dp_world: int) -> int:
 
 def _clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     """Global gradient norm (DTensor-aware); clips when ``max_norm`` > 0."""
+    from train.parallel.fsdp import clip_host_sharded_grads_, host_sharded_grads
+
+    params = list(params)
+    if host_sharded_grads(params):  # FSDP CPU offload: NCCL cannot reduce the host-resident grads
+        return clip_host_sharded_grads_(params, max_norm)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()

@@ -61,5 +61,9 @@ def test_bench_step_plan_under_torchrun_two_processes(tmp_path):
 
 
 def test_bench_step_rejects_unknown_strategy(tmp_path):
-    res = train_cli(["bench", "step", "--strategy", "zero3", "--out", str(tmp_path)])
-    assert res.returncode == 2 and "zero3" in res.stderr
+    from click.testing import CliRunner
+
+    from train.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "step", "--strategy", "zero3", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "zero3" in res.output

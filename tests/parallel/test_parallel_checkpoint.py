@@ -13,7 +13,7 @@ import torch
 from dist_utils import spawn
 from test_parallel_equivalence import FSDP, full_state, load_job
 
-STEPS = ["train.steps=2"]
+STEPS = ["train.steps=6"]
 
 
 def _full_optim(model, optimizer) -> dict:
@@ -34,8 +34,8 @@ def _train_and_save(trainer, out: Path, rank: int) -> None:
         torch.save({"model": model_sd, "optim": optim_sd}, out / "expected.pt")
 
 
-def _resume_and_compare(trainer, out: Path) -> None:
-    assert trainer.step == 2, trainer.step
+def _resume_and_compare(trainer, out: Path, step: int) -> None:
+    assert trainer.step == step, (trainer.step, step)
     expected = torch.load(out / "expected.pt")
     model_sd, optim_sd = full_state(trainer.par.model), _full_optim(trainer.par.model, trainer.optimizer)
     assert model_sd.keys() == expected["model"].keys()
@@ -45,53 +45,47 @@ def _resume_and_compare(trainer, out: Path) -> None:
     for fqn, state in expected["optim"].items():
         for k, v in state.items():
             torch.testing.assert_close(optim_sd[fqn][k], v, rtol=0, atol=0, msg=lambda m: f"optim {fqn}.{k}: {m}")
-    loss, _, _ = trainer.train_step()  # and it trains on
-    assert loss == loss
 
 
-def _fsdp_worker(rank, world, out, resume):
+def _fsdp_worker(rank, world, out, resume_at):
+    """2 FSDP ranks. ``resume_at=None``: train 2 steps with activation checkpointing and
+    save; else resume (no AC), compare with what the saver recorded."""
     from train.dist import DistInfo
     from train.trainer import Trainer
 
-    job = load_job(FSDP + STEPS + ([] if resume else ["parallel.ac=full"]))
-    trainer = Trainer(job, DistInfo(rank, rank, world, torch.device("cpu"), "gloo"), out, resume=resume)
-    if resume:
-        _resume_and_compare(trainer, out)
+    job = load_job(FSDP + STEPS + ([] if resume_at else ["parallel.ac=full"]))
+    trainer = Trainer(job, DistInfo(rank, rank, world, torch.device("cpu"), "gloo"), out, resume=bool(resume_at))
+    if resume_at:
+        _resume_and_compare(trainer, out, resume_at)
+        loss, _, _ = trainer.train_step()  # and it trains on
+        assert loss == loss
     else:
         assert any("_checkpoint_wrapped_module" in n for n, _ in trainer.par.model.named_parameters())
         _train_and_save(trainer, out, rank)
     trainer.metrics.close()
 
 
-def _single_worker(out, resume):
-    """One process, no process group: the plain model (``parallelize`` wraps nothing)."""
+def _single_worker(out):
+    """One process, no process group, plain model: resume the FSDP checkpoint, check it,
+    train 2 more steps and save for the way back."""
     import os
 
     os.environ["OMP_NUM_THREADS"] = "1"
     from train.dist import DistInfo
     from train.trainer import Trainer
 
-    trainer = Trainer(load_job(STEPS), DistInfo(0, 0, 1, torch.device("cpu"), None), out, resume=resume)
+    job = load_job(["train.steps=4"])
+    trainer = Trainer(job, DistInfo(0, 0, 1, torch.device("cpu"), None), out, resume=True)
     assert trainer.par.model is trainer.par.inner
-    if resume:
-        _resume_and_compare(trainer, out)
-    else:
-        _train_and_save(trainer, out, 0)
+    _resume_and_compare(trainer, out, 2)
+    _train_and_save(trainer, out, 0)
     trainer.metrics.close()
 
 
-def _single(out: Path, resume: bool) -> None:
-    proc = mp.get_context("spawn").Process(target=_single_worker, args=(out, resume))
+def test_fsdp_checkpoints_reshard_2_ranks_to_1_plain_rank_and_back(tmp_path):
+    spawn(_fsdp_worker, 2, tmp_path, None)  # FSDP x 2 (+AC) saves step 2
+    proc = mp.get_context("spawn").Process(target=_single_worker, args=(tmp_path,))
     proc.start()
     proc.join(240)
-    assert proc.exitcode == 0, f"single-process {'resume' if resume else 'save'} failed (exit {proc.exitcode})"
-
-
-def test_fsdp_checkpoint_from_2_ranks_loads_on_1_plain_rank(tmp_path):
-    spawn(_fsdp_worker, 2, tmp_path, False)
-    _single(tmp_path, True)
-
-
-def test_plain_checkpoint_from_1_rank_loads_on_2_fsdp_ranks(tmp_path):
-    _single(tmp_path, False)
-    spawn(_fsdp_worker, 2, tmp_path, True)
+    assert proc.exitcode == 0, f"single-process resume/save failed (exit {proc.exitcode})"
+    spawn(_fsdp_worker, 2, tmp_path, 4)  # FSDP x 2 (no AC) resumes the plain step-4 checkpoint

@@ -93,9 +93,27 @@ def _run_configs(rank, world, configs, result_file):
         for key, value in ref.items():
             torch.testing.assert_close(init[key], value, rtol=0, atol=0, msg=lambda m: f"{name} init {key}: {m}")
         results[name] = [trainer.train_step()[:2] for _ in range(job.train.steps)]
+        if name.startswith(("fsdp_ac_full", "hsdp")):
+            _check_host_grad_norm(trainer)
         trainer.metrics.close()
     if rank == 0:
         torch.save(results, result_file)
+
+
+def _check_host_grad_norm(trainer) -> None:
+    """The CPU-offload gradient norm (local squares all-reduced per sharded mesh dim)
+    equals DTensor's, and clipping with it scales to the requested norm."""
+    from train.parallel.fsdp import clip_host_sharded_grads_
+
+    trainer._forward_backward()
+    params = list(trainer.par.model.parameters())
+    ref = float(torch.nn.utils.get_total_norm([p.grad for p in params]).full_tensor())
+    mine = float(clip_host_sharded_grads_(params, 0.0))
+    assert abs(mine - ref) <= 1e-5 * ref, (mine, ref)
+    clip_host_sharded_grads_(params, 0.5 * ref)
+    clipped = float(torch.nn.utils.get_total_norm([p.grad for p in params]).full_tensor())
+    assert abs(clipped - 0.5 * ref) <= 1e-4 * ref, (clipped, ref)
+    trainer.optimizer.zero_grad(set_to_none=True)
 
 
 def _check_against_ddp(results: dict) -> None:

@@ -337,4 +337,8 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
             click.echo(table)
             click.echo(f"\nreport: {out_dir / (name + '.json')}, .md, .png")
     finally:
+        from train.parallel.mesh import forget_meshes
+
+        forget_meshes()
+        gc.collect()
         tdist.shutdown()

@@ -116,6 +116,8 @@ def check_parallel(job, world_size: int) -> None:
         raise ConfigError(f"parallel.tp: {tp} does not divide the MLP hidden size {job.model.hidden_dim}")
     if pcfg.strategy == "fsdp" and job.train.precision == "fp16":
         raise ConfigError("train.precision: fp16 is not supported with parallel.strategy=fsdp (use bf16)")
+    if pcfg.cpu_offload and tp > 1:
+        raise ConfigError("parallel.cpu_offload: not supported together with parallel.tp > 1")
     if pcfg.cpu_offload and (job.train.device == "cpu" or not _cuda_available()):
         raise ConfigError("parallel.cpu_offload: offloads GPU memory to the host; it needs train.device=cuda")
 

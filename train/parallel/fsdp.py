@@ -13,7 +13,10 @@ single process would draw, so the values do not depend on the mesh (tested).
   forward except the last block's (backward needs them at once); ``never`` keeps them
   (more memory, no re-gather in backward); ``always`` frees all.
 * ``cpu_offload``: ``CPUOffloadPolicy`` (params/grads/optimizer state on the host; the
-  optimizer step runs on the CPU). Weights are then initialised on the CPU.
+  optimizer step runs on the CPU). Weights are then initialised on the CPU, by the CPU
+  generator: same seed, different (equally distributed) values than a GPU-initialised run.
+  The gradient norm of host-resident DTensor grads is reduced on the GPU
+  (:func:`clip_host_sharded_grads_`; NCCL cannot reduce CPU tensors).
 * ``fsdp_prefetch`` = k: block i all-gathers blocks i+1..i+k at the start of its
   forward and blocks i-1..i-k at the start of its backward, instead of relying on the
   CPU running ahead.
@@ -98,7 +101,7 @@ def apply_fsdp(model: nn.Module, job, info, materialize):
     precision = resolve_precision(job.train.precision, info.device)
     if precision == "fp16":
         raise ValueError("parallel.strategy=fsdp: train.precision=fp16 is not supported (use bf16)")
-    mesh = build_mesh(pcfg, info.world_size, job.model, info.device.type, cpu_collectives=pcfg.cpu_offload)
+    mesh = build_mesh(pcfg, info.world_size, job.model, info.device.type)
     if mesh.tp > 1:
         apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel)
     apply_ac(model, pcfg)
@@ -127,3 +130,54 @@ def _materialize_offloaded(model: nn.Module, seed: int, device: torch.device) ->
     for mod in model.modules():
         for name, buf in list(mod.named_buffers(recurse=False)):
             setattr(mod, name, buf.to(device))
+
+
+# ----------------------------------------------------------------------------- CPU offload
+def host_sharded_grads(params) -> bool:
+    """True when gradients are DTensors held in host memory on an accelerator mesh (FSDP
+    CPU offload): torch's clip_grad_norm_ would all-reduce CPU tensors over NCCL and fail
+    ("No backend type associated with device type cpu")."""
+    from torch.distributed.tensor import DTensor
+
+    for p in params:
+        g = p.grad
+        if isinstance(g, DTensor):
+            return g.device_mesh.device_type != "cpu" and g.to_local().device.type == "cpu"
+    return False
+
+
+def clip_host_sharded_grads_(params, max_norm: float) -> torch.Tensor:
+    """Global L2 norm of (possibly host-resident) DTensor gradients, clipped in place when
+    ``max_norm`` > 0; returns the norm on the mesh's device. Each gradient's local sum of
+    squares is all-reduced, on the mesh's device, over the mesh dims it is sharded on
+    (not over replicated ones), as DTensor would; then every local shard is scaled."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    buckets: dict[tuple, torch.Tensor] = {}
+    device = torch.device("cpu")
+    for g in grads:
+        if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):
+                raise NotImplementedError("gradient norm of Partial DTensor gradients in host memory")
+            key = (g.device_mesh, tuple(i for i, pl in enumerate(g.placements) if pl.is_shard()))
+            if g.device_mesh.device_type != "cpu":
+                device = torch.device(g.device_mesh.device_type, torch.cuda.current_device())
+            local = g.to_local()
+        else:
+            key, local = (None, ()), g
+        sq = torch.linalg.vector_norm(local, dtype=torch.float32).square()
+        buckets[key] = buckets[key] + sq if key in buckets else sq
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for (mesh, dims), sq in buckets.items():
+        sq = sq.to(device)
+        for dim in dims:
+            dist.all_reduce(sq, group=mesh.get_group(dim))
+        total += sq
+    norm = total.sqrt()
+    if max_norm > 0 and grads:
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        locals_ = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        torch._foreach_mul_(locals_, coef.to(locals_[0].device))
+    return norm

@@ -52,24 +52,22 @@ class Mesh:
         return f"dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp}"
 
 
-# (default process group, device type, dims, cpu_collectives) -> DeviceMesh. A mesh (and
-# its communicators) is made once per process group and shape: `train bench step` and the
-# tests build many models in one process group.
+# (default process group, device type, dims) -> DeviceMesh. A mesh (and its communicators)
+# is made once per process group and shape: `train bench step` and the tests build many
+# models in one process group.
 _MESHES: dict[tuple, DeviceMesh] = {}
 
 
-def build_mesh(pcfg, world_size: int, model_cfg, device_type: str, cpu_collectives: bool = False) -> Mesh:
-    """``cpu_collectives``: the mesh's groups also get a gloo backend for CPU tensors
-    (FSDP CPU offload: the gradient-norm reduction runs on host-resident DTensors, which
-    NCCL cannot take)."""
+def build_mesh(pcfg, world_size: int, model_cfg, device_type: str) -> Mesh:
     import torch.distributed as dist
 
     dims = resolve_mesh(pcfg, world_size, model_cfg.n_heads, model_cfg.kv_heads)
-    cpu_collectives = cpu_collectives and device_type == "cuda"
-    key = (dist.group.WORLD, device_type, dims, cpu_collectives)
+    key = (dist.group.WORLD, device_type, dims)
     if key not in _MESHES:
-        kwargs = {}
-        if cpu_collectives:
-            kwargs["backend_override"] = {name: "cuda:nccl,cpu:gloo" for name in DIM_NAMES}
-        _MESHES[key] = init_device_mesh(device_type, dims, mesh_dim_names=DIM_NAMES, **kwargs)
+        _MESHES[key] = init_device_mesh(device_type, dims, mesh_dim_names=DIM_NAMES)
     return Mesh(_MESHES[key], *dims)
+
+
+def forget_meshes() -> None:
+    """Drop cached meshes (before the process group is destroyed)."""
+    _MESHES.clear()
