@@ -46,6 +46,8 @@ class MetricsLogger:
         self.peak_tflops = peak_tflops
         self.world_size = world_size
         self.path = out_dir / "metrics.jsonl" if (out_dir and enabled) else None
+        if self.path:
+            out_dir.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("a") if self.path else None
         self._tb = None
         if tensorboard and enabled and out_dir:
