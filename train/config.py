@@ -209,7 +209,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in data.items():
