@@ -74,11 +74,11 @@ def test_env_file_sources_cleanly(tmp_path):
     path = tmp_path / "env.sh"
     path.write_text(render(["env", "--profile", "gb200", "--env", "WEIRD=$(echo no) `x` 'q'"]))
     proc = subprocess.run(
-        ["bash", "-c", 'source "$1" && printf %s "$WEIRD|$NCCL_MNNVL_ENABLE"', "x", str(path)],
+        ["bash", "-c", 'source "$1" && printf %s "$WEIRD|$OMP_NUM_THREADS"', "x", str(path)],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "$(echo no) `x` 'q'|1"
+    assert proc.stdout == "$(echo no) `x` 'q'|16"
 
 
 # --------------------------------------------------------------------------- hostile values
