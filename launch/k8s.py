@@ -1,6 +1,6 @@
 """Kubernetes manifests for the job: Kubeflow Trainer v2 and training-operator v1.
 
-Two APIs, one pod template (``templates/_k8s_pod.j2``):
+Two APIs, one pod template (``templates/_k8s_pod.yaml.j2``):
 
 * ``trainer.kubeflow.org/v1alpha1`` (Kubeflow Trainer v2, checked against v2.3.0), the default
   for fixed-size jobs. ``launch k8s-runtime`` renders a ``ClusterTrainingRuntime`` holding what
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from launch.commandline import training_args
 from launch.envplan import EnvPlan, build_env
 from launch.render import header_lines, render
-from launch.spec import JobSpec, SpecError, parse_quantity
+from launch.spec import JobSpec, SpecError, check_env_name, check_unique_env, parse_quantity
 
 CONTAINER_NAME = "pytorch"  # training-operator v1: PyTorchJobDefaultContainerName
 TRAINER_CONTAINER = "node"  # Trainer v2: constants.Node, where the Torch plugin injects PET_*
@@ -110,26 +110,40 @@ def parse_rdma_resource(value: str | None) -> tuple[str, int | None] | None:
     if value is None:
         return None
     name, _, count = value.partition("=")
-    if not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9._-]+", name) or (count and not count.isdigit()):
+    if not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9._-]+", name) or (count and not re.fullmatch(r"[0-9]{1,6}", count)):
         raise SpecError(f"--rdma-resource {value!r}: expected DOMAIN/NAME[=COUNT], e.g. rdma/ib=1")
     if count and int(count) < 1:
         raise SpecError(f"--rdma-resource {value!r}: COUNT must be at least 1")
     return name, int(count) if count else None
 
 
-def parse_secret_env(values) -> tuple[SecretEnv, ...]:
+# Variables whose only allowed value launch knows (NVLink multicast stays off): a Secret's
+# value is not known when rendering, so these can never come from one.
+NEVER_FROM_SECRET = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+
+def parse_secret_env(values, allow_undocumented_nccl: bool = False) -> tuple[SecretEnv, ...]:
+    """Same gates as --env: valid, unique, documented NCCL names; never the NVLS switches."""
     out = []
     for item in values:
         match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([^:]+):([-._A-Za-z0-9]+)", item)
         if not match:
             raise SpecError(f"--env-secret {item!r}: expected NAME=SECRET:KEY")
-        out.append(SecretEnv(match.group(1), _dns_subdomain("--env-secret", match.group(2)), match.group(3)))
+        name = check_env_name("--env-secret", match.group(1), allow_undocumented_nccl)
+        if name in NEVER_FROM_SECRET:
+            raise SpecError(f"--env-secret {name}: refused; launch sets it itself or not at all (NVLink "
+                            "multicast stays off) and a Secret's value cannot be checked")
+        if len(match.group(3)) > 253:
+            raise SpecError(f"--env-secret {item!r}: KEY longer than 253 characters")
+        out.append(SecretEnv(name, _dns_subdomain("--env-secret", match.group(2)), match.group(3)))
+    check_unique_env(s.name for s in out)
     return tuple(out)
 
 
 def parse_options(
     namespace, pvc, shm_size, rdma_resource, queue, gang, pull_secrets, node_selector,
     pod_annotations, backoff_limit, ttl_seconds, secret_env, api=None, runtime=None, compute_domain=True,
+    allow_undocumented_nccl: bool = False,
 ) -> K8sOptions:
     if namespace is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace):
         raise SpecError(f"--namespace {namespace!r}: not a valid namespace name")
@@ -149,7 +163,7 @@ def parse_options(
         pod_annotations=tuple(_key_value("--pod-annotation", s, None) for s in pod_annotations),
         backoff_limit=backoff_limit,
         ttl_seconds=ttl_seconds,
-        secret_env=parse_secret_env(secret_env),
+        secret_env=parse_secret_env(secret_env, allow_undocumented_nccl),
         api=api,
         runtime=None if runtime is None else _dns_subdomain("--runtime", runtime),
         compute_domain=bool(compute_domain),
@@ -217,17 +231,82 @@ def uses_compute_domain(spec: JobSpec, opts: K8sOptions) -> bool:
     return bool(spec.profile.compute_domain_env) and spec.nodes.multi_node and opts.compute_domain
 
 
-def compute_domain_plan(spec: JobSpec) -> EnvPlan:
-    return build_env(spec, compute_domain=True)
+# Template contexts are dataclasses (not dicts): templates reach their fields by name, and the
+# quoting tests replace every string value in them, dict keys included.
 
 
-def _compute_domain(spec: JobSpec) -> dict:
-    return {
-        "name": f"{spec.name}-imex",
-        "template": f"{spec.name}-imex-channel",
-        "claim": CLAIM_NAME,
-        "num_nodes": 0 if spec.nodes.elastic else spec.nodes.max,
-    }
+@dataclass(frozen=True)
+class ComputeDomain:
+    name: str
+    template: str  # the ResourceClaimTemplate the DRA driver creates for the channel
+    claim: str  # the pod's resourceClaims entry
+    num_nodes: int
+    labels: dict
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    number: int
+
+
+@dataclass(frozen=True)
+class Pod:
+    labels: dict
+    selector_name: str | None  # app.kubernetes.io/name value for the NVLink-domain affinity
+    annotations: dict
+    restart_policy: str | None
+    grace: int
+    image_pull_secrets: tuple
+    node_selector: dict
+    compute_domain: ComputeDomain | None
+    container: str
+    image: str
+    args: tuple | None
+    port: Port | None
+    env: tuple
+    secret_env: tuple
+    resources: tuple  # (resource, quantity, why or None)
+    ipc_lock: bool
+    checkpoint_dir: str
+    shm_size: str
+    pvc: str
+
+
+@dataclass(frozen=True)
+class Runtime:
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Gang:
+    timeout: int
+
+
+@dataclass(frozen=True)
+class TrainJobSpec:
+    image: str
+    args: tuple
+    num_nodes: int
+    nproc: int
+    env: tuple
+    secret_env: tuple
+    resources: tuple  # (resource, quantity)
+    runtime_why: str
+
+
+def _compute_domain(spec: JobSpec, opts: K8sOptions) -> ComputeDomain | None:
+    if not uses_compute_domain(spec, opts):
+        return None
+    labels = {k: v for k, v in _job_labels(spec, opts).items() if k != "kueue.x-k8s.io/queue-name"}
+    return ComputeDomain(
+        name=f"{spec.name}-imex",
+        template=f"{spec.name}-imex-channel",
+        claim=CLAIM_NAME,
+        num_nodes=0 if spec.nodes.elastic else spec.nodes.max,
+        labels=labels,
+    )
 
 
 def _node_selector(spec: JobSpec, opts: K8sOptions) -> dict:
@@ -244,16 +323,15 @@ def _job_labels(spec: JobSpec, opts: K8sOptions) -> dict:
     return labels
 
 
-def _pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, **fields) -> dict:
+def _pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_resources=(), **fields) -> Pod:
     """The pod template every API shares; ``fields`` fill in what differs per API."""
     rdma = _rdma(spec, opts)
-    gpus = fields.pop("gpus")
     resources = [(GPU_RESOURCE, str(gpus), None)]
     if rdma:
         resources.append((rdma[0], str(rdma[1]), rdma[2]))
-    for key, value in fields.pop("extra_resources", ()):
-        resources.append((key, value, None))
-    pod = {
+    resources += [(key, value, None) for key, value in extra_resources]
+    domain = fields.get("compute_domain")
+    values = {
         "annotations": dict(opts.pod_annotations),
         "restart_policy": None,
         "grace": spec.grace_period_s,
@@ -263,14 +341,15 @@ def _pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, **fields) -> dict:
         "port": None,
         "env": plan.variables,
         "secret_env": (),
-        "resources": resources,
+        "resources": tuple(resources),
         "ipc_lock": spec.fabric.ipc_lock,
         "checkpoint_dir": spec.checkpoint_dir,
         "shm_size": opts.shm_size,
         "pvc": opts.pvc,
+        "selector_name": spec.name if domain else None,
     }
-    pod.update(fields)
-    return pod
+    values.update(fields)
+    return Pod(**values)
 
 
 def _cpu_memory(spec: JobSpec) -> list[tuple[str, str]]:
@@ -284,22 +363,29 @@ def _cpu_memory(spec: JobSpec) -> list[tuple[str, str]]:
     return out
 
 
+def _check_unique_env(plan: EnvPlan, opts: K8sOptions) -> None:
+    # a Secret-backed variable next to a plain one of the same name: which wins is up to
+    # the API server's merge; refuse instead
+    check_unique_env([*(v.name for v in plan.variables), *(s.name for s in opts.secret_env)])
+
+
 # --------------------------------------------------------------------------- PyTorchJob (v1)
 
 
 def pytorchjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> str:
+    _check_unique_env(plan, opts)
     layout = replica_layout(spec)
     _check_names(spec, layout)
-    domain = _compute_domain(spec) if uses_compute_domain(spec, opts) else None
+    domain = _compute_domain(spec, opts)
     if domain:
-        plan = compute_domain_plan(spec)
+        plan = build_env(spec, compute_domain=True)
     pod = _pod(
         spec, plan, opts,
         labels={"app.kubernetes.io/name": spec.name, "app.kubernetes.io/component": "trainer"},
         container=CONTAINER_NAME,
         image=spec.image,
-        args=training_args(spec),
-        port={"name": PORT_NAME, "number": spec.rdzv.port},
+        args=tuple(training_args(spec)),
+        port=Port(PORT_NAME, spec.rdzv.port),
         secret_env=opts.secret_env,
         gpus=spec.nproc_per_node,
         extra_resources=_cpu_memory(spec),
@@ -327,7 +413,9 @@ def pytorchjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> 
 # --------------------------------------------------------------------------- Trainer v2
 
 
-def _runtime_pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, domain: dict | None, image: str) -> dict:
+def _runtime_pod(spec: JobSpec, opts: K8sOptions, domain: ComputeDomain | None, image: str) -> Pod:
+    """The runtime's pod: profile, fabric and torch settings, without the per-job --env."""
+    plan = build_env(dataclasses.replace(spec, env=()), compute_domain=domain is not None)
     labels = {"app.kubernetes.io/component": "trainer"}
     if domain:  # a per-job runtime: the pod-affinity selector needs the job's own label
         labels = {"app.kubernetes.io/name": spec.name, **labels}
@@ -343,38 +431,21 @@ def _runtime_pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, domain: dict | 
     )
 
 
-def _runtime_plan(spec: JobSpec, domain: dict | None) -> EnvPlan:
-    """The runtime's environment: profile, fabric and torch settings, without per-job --env."""
-    return build_env(dataclasses.replace(spec, env=()), compute_domain=domain is not None)
-
-
-def _runtime_context(spec: JobSpec, opts: K8sOptions, kind: str, name: str, domain: dict | None, image: str) -> dict:
-    return {
-        "runtime": {"kind": kind, "name": name},
-        "gang": {"timeout": GANG_TIMEOUT_S} if opts.gang else None,
-        "opts": opts,
-        "namespace": opts.namespace,
-        "pod": _runtime_pod(spec, _runtime_plan(spec, domain), opts, domain, image),
-        "compute_domain": domain,
-    }
-
-
 def default_runtime_name(spec: JobSpec, opts: K8sOptions) -> str:
-    """``<profile>-<fabric>-<hash>``: the hash covers the runtime's content (but not its default
-    image, which every TrainJob replaces), so a TrainJob rendered with the same options always
-    names a runtime with exactly that content."""
-    import yaml
-
-    context = _runtime_context(spec, opts, "ClusterTrainingRuntime", "x", None, _runtime_image(spec))
-    body = yaml.safe_load(render("_runtime_body.j2", **context))
-    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:8]
-    return f"{spec.profile.name}-{spec.fabric.name}-{digest}"[-63:].lstrip("-")
-
-
-def _runtime_image(spec: JobSpec) -> str:
-    from launch.builder import default_image
-
-    return default_image(spec.profile)  # a TrainJob sets its own image
+    """``<profile>-<fabric>-<hash>``: the hash covers what the runtime does (environment
+    values, pod settings, scheduling) but not its image, which every TrainJob replaces, nor
+    the comments, so a TrainJob rendered with the same options always names a runtime with
+    exactly that content."""
+    pod = _runtime_pod(spec, opts, None, "")
+    content = dataclasses.asdict(pod)
+    content["env"] = [(v.name, v.value) for v in pod.env]
+    content["resources"] = [(key, value) for key, value, _ in pod.resources]
+    content["runtime"] = {"gang": GANG_TIMEOUT_S if opts.gang else None, "restarts": opts.backoff_limit,
+                          "ttl": opts.ttl_seconds, "api": "trainer.kubeflow.org/v1alpha1"}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    # profile/fabric names are file stems: keep what a Kubernetes name allows
+    prefix = re.sub(r"[^a-z0-9]+", "-", f"{spec.profile.name}-{spec.fabric.name}".lower()).strip("-")[:54]
+    return f"{prefix}-{digest}" if prefix else f"runtime-{digest}"
 
 
 def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
@@ -400,6 +471,8 @@ def cluster_runtime(spec: JobSpec, command: str, opts: K8sOptions) -> str:
         raise SpecError("--namespace: a ClusterTrainingRuntime is cluster-scoped")
     if opts.secret_env:
         raise SpecError("--env-secret is per job: pass it to `launch k8s --api trainjob`")
+    if spec.train_args:
+        raise SpecError("arguments after `--` are per job: pass them to `launch k8s --api trainjob`")
     if uses_compute_domain(spec, opts):
         raise SpecError(
             f"profile {spec.profile.name!r} with {spec.nodes.max} nodes needs a ComputeDomain per job, "
@@ -407,35 +480,53 @@ def cluster_runtime(spec: JobSpec, command: str, opts: K8sOptions) -> str:
             "resourceClaims in Trainer v2.3): render the job with `launch k8s --api trainjob`, "
             "which bundles the ComputeDomain and a TrainingRuntime of its own"
         )
-    name = opts.runtime or default_runtime_name(spec, opts)
-    context = _runtime_context(spec, opts, "ClusterTrainingRuntime", name, None, spec.image)
-    return render("trainingruntime.yaml.j2", header=header_lines(command, spec), trainjob=None, **context)
+    return render(
+        "trainingruntime.yaml.j2",
+        header=header_lines(command, spec),
+        runtime=Runtime("ClusterTrainingRuntime", opts.runtime or default_runtime_name(spec, opts)),
+        gang=Gang(GANG_TIMEOUT_S) if opts.gang else None,
+        opts=opts,
+        namespace=None,
+        pod=_runtime_pod(spec, opts, None, spec.image),
+        compute_domain=None,
+        trainjob=None,
+        name=None,
+        job_labels={},
+    )
 
 
 def trainjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> str:
+    _check_unique_env(plan, opts)
     _check_trainjob(spec, opts)
-    domain = _compute_domain(spec) if uses_compute_domain(spec, opts) else None
-    job = {
-        "image": spec.image,
-        "args": training_args(spec),
-        "num_nodes": spec.nodes.max,
-        "nproc": spec.nproc_per_node,
-        "env": spec.env,
-        "secret_env": opts.secret_env,
-        "resources": [(GPU_RESOURCE, str(spec.nproc_per_node)), *_cpu_memory(spec)],
-    }
-    common = {"header": header_lines(command, spec), "name": spec.name, "namespace": opts.namespace,
-              "job_labels": _job_labels(spec, opts), "trainjob": job}
+    domain = _compute_domain(spec, opts)
+    if domain and opts.runtime:
+        raise SpecError("--runtime: a job with a ComputeDomain brings its own TrainingRuntime")
     if domain:
-        if opts.runtime:
-            raise SpecError("--runtime: a job with a ComputeDomain brings its own TrainingRuntime")
-        job["runtime_why"] = ("the job's own TrainingRuntime (above): it holds the ComputeDomain's "
-                              "IMEX channel claim and the NVLink-domain affinity")
-        context = _runtime_context(spec, opts, "TrainingRuntime", spec.name, domain, spec.image)
-        return render("trainingruntime.yaml.j2", **common, **{k: v for k, v in context.items() if k != "namespace"})
-    name = opts.runtime or default_runtime_name(spec, opts)
-    job["runtime_why"] = (
-        f"profile {spec.profile.name} + fabric {spec.fabric.name}: render it with "
-        "`launch k8s-runtime` and the same options"
+        runtime = Runtime("TrainingRuntime", spec.name)
+        why = ("the job's own TrainingRuntime (above): it holds the ComputeDomain's IMEX channel "
+               "claim and the NVLink-domain affinity")
+    else:
+        runtime = Runtime("ClusterTrainingRuntime", opts.runtime or default_runtime_name(spec, opts))
+        why = (f"profile {spec.profile.name} + fabric {spec.fabric.name}: render it with "
+               "`launch k8s-runtime` and the same options")
+    job = TrainJobSpec(
+        image=spec.image,
+        args=tuple(training_args(spec)),
+        num_nodes=spec.nodes.max,
+        nproc=spec.nproc_per_node,
+        env=spec.env,
+        secret_env=opts.secret_env,
+        resources=((GPU_RESOURCE, str(spec.nproc_per_node)), *_cpu_memory(spec)),
+        runtime_why=why,
     )
-    return render("trainjob.yaml.j2", runtime={"kind": "ClusterTrainingRuntime", "name": name}, **common)
+    context = {"header": header_lines(command, spec), "name": spec.name, "namespace": opts.namespace,
+               "job_labels": _job_labels(spec, opts), "trainjob": job, "runtime": runtime}
+    if not domain:
+        return render("trainjob.yaml.j2", **context)
+    return render(
+        "trainingruntime.yaml.j2", **context,
+        gang=Gang(GANG_TIMEOUT_S) if opts.gang else None,
+        opts=opts,
+        pod=_runtime_pod(spec, opts, domain, spec.image),
+        compute_domain=domain,
+    )

@@ -418,6 +418,7 @@ def test_runtime_and_trainjob_refuse_misplaced_options():
         (["k8s-runtime", "--queue", "q"], "--queue is per job"),
         (["k8s-runtime", "--namespace", "ml"], "cluster-scoped"),
         (["k8s-runtime", "--env-secret", "T=s:k"], "per job"),
+        (["k8s-runtime", "--", "--steps", "3"], "per job"),
         (["k8s-runtime", "--profile", "gb200", "--nnodes", "2"], "ComputeDomain per job"),
         (["k8s", "--env", "PET_NNODES=3"], "reserved"),
         (["k8s", "--api", "pytorchjob", "--runtime", "x"], "--runtime"),
