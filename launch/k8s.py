@@ -449,10 +449,12 @@ def default_runtime_name(spec: JobSpec, opts: K8sOptions) -> str:
 
 
 def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
-    longest = f"{spec.name}-{TRAINER_CONTAINER}-0-{spec.nodes.max - 1}"
+    # JobSet's webhook: <jobset>-<replicatedJob>-<job index>-<pod index> plus the pod's
+    # 5-character random suffix must be a DNS-1035 label (jobset pkg/webhooks/jobset_webhook.go)
+    longest = f"{spec.name}-{TRAINER_CONTAINER}-0-{spec.nodes.max - 1}-xxxxx"
     if len(longest) > 63:
         raise SpecError(
-            f"--name {spec.name!r} is too long for Kubernetes: the JobSet pod host name "
+            f"--name {spec.name!r} is too long for Kubernetes: JobSet's pod name "
             f"{longest!r} would exceed 63 characters"
         )
     reserved = [name for name, _ in spec.env if name in TORCHRUN_RESERVED_ENV]

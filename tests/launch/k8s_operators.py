@@ -222,6 +222,44 @@ def trainer_jobset(trainjob: dict, runtime: dict) -> dict:
             "spec": spec}
 
 
+# ----------------------------------------------------------------------------- JobSet
+
+JS = "kubernetes-sigs/jobset@v0.12.0"
+
+
+def jobset_webhook(jobset: dict) -> tuple[dict, list[str]]:
+    """JobSet's defaulting then validating webhook on create (pkg/webhooks/jobset_webhook.go),
+    for what applies to a trainer-built JobSet. Returns (defaulted JobSet, errors)."""
+    js = copy.deepcopy(jobset)
+    spec, errors = js["spec"], []
+    spec.setdefault("successPolicy", {"operator": "All"})  # jobset_webhook.go:113-115
+    spec.setdefault("startupPolicy", {"startupPolicyOrder": "AnyOrder"})  # :116-118
+    for rjob in spec["replicatedJobs"]:
+        rjob["template"]["spec"].setdefault("completionMode", "Indexed")  # :121-123
+        rjob["template"]["spec"]["template"]["spec"].setdefault("restartPolicy", "OnFailure")  # :125-127
+    network = spec.setdefault("network", {})  # :131-139
+    network.setdefault("enableDNSHostnames", True)
+    network.setdefault("publishNotReadyAddresses", True)
+    name = js["metadata"]["name"]
+    for rjob in spec["replicatedJobs"]:
+        replicas = rjob.get("replicas", 1)
+        if rjob["template"]["spec"].get("parallelism", 1) * replicas > 2**31 - 1:  # :219-225
+            errors.append("replicas x parallelism overflow (jobset_webhook.go:224)")
+        group = rjob.get("groupName", "default")
+        if len(group) > 63 or not _DNS1035.fullmatch(group):  # :227-233
+            errors.append(f"groupName {group!r} (jobset_webhook.go:228)")
+        longest_job = f"{name}-{rjob['name']}-{replicas - 1}"  # :235-242, placement.go:14-16 GenJobName
+        if len(longest_job) > 63 or not _DNS1035.fullmatch(longest_job):
+            errors.append(f"job name {longest_job!r} not a DNS-1035 label (jobset_webhook.go:237)")
+        completions = rjob["template"]["spec"].get("completions")
+        if rjob["template"]["spec"]["completionMode"] == "Indexed" and completions is not None:
+            # :243-256: placement.go:20-22 GenPodName plus the 5-character random suffix
+            longest_pod = f"{name}-{rjob['name']}-{replicas - 1}-{completions - 1}-abcde"
+            if len(longest_pod) > 63 or not _DNS1035.fullmatch(longest_pod):
+                errors.append(f"pod name {longest_pod!r} not a DNS-1035 label (jobset_webhook.go:250)")
+    return js, errors
+
+
 def trainer_pod_env(container: dict, completion_index: int) -> dict[str, str]:
     """Resolve the trainer container's env the way the kubelet does for one pod of the Job:
     literal values, and PET_NODE_RANK from the pod's completion-index annotation."""

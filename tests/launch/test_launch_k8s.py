@@ -27,6 +27,8 @@ import pytest
 import yaml
 from k8s_apiserver import admit, load_crd
 from k8s_operators import (
+    jobset_webhook,
+    pytorchjob_injected_env,
     pytorchjob_webhook_errors,
     runtime_webhook_errors,
     trainer_jobset,
@@ -140,6 +142,8 @@ def _check_trainjob(trainjob: dict, runtime: dict) -> None:
     model = trainer_models.TrainerV1alpha1TrainJob.from_dict(trainjob)
     assert model.to_dict() == trainjob, "a field is unknown to kubeflow-trainer-api"
     jobset = trainer_jobset(stored, admit(runtime, load_crd(CRDS[runtime["kind"]])).obj)
+    jobset, errors = jobset_webhook(jobset)  # JobSet's own defaulting + validating webhook
+    assert not errors, errors
     _admit(jobset)  # the JobSet the trainer would create, through the JobSet CRD
     for rjob in jobset["spec"]["replicatedJobs"]:
         _validate_core("Job", {"apiVersion": "batch/v1", "kind": "Job",
@@ -339,7 +343,7 @@ def test_pruned_fields_defaults_and_cel_rules_are_enforced():
     job["spec"]["trainer"]["numNode"] = 2  # typo: a server prunes it silently
     errors = admit(job, load_crd(CRDS["TrainJob"])).errors
     assert errors == ["spec.trainer.numNode: unknown field, pruned by the API server"]
-    (job,) = _render_docs(["k8s", "--profile", "h100", "--name", "x" * 50])
+    (job,) = _render_docs(["k8s", "--profile", "h100", "--name", "x" * 40])
     job["metadata"]["name"] = "x" * 64  # CEL: size(self.metadata.name) <= 63
     assert any("CEL: size(self.metadata.name) <= 63" in e for e in admit(job, load_crd(CRDS["TrainJob"])).errors)
     (runtime,) = _render_docs(["k8s-runtime", "--profile", "h100"])
@@ -505,8 +509,38 @@ def test_plain_secret_env_warns():
 def test_long_name_rejected_for_operator_services():
     rc, _, err = run_inproc(["k8s", "--api", "pytorchjob", "--name", "a" * 56, "--nnodes", "12", "--fabric", "infiniband"])
     assert rc == 2 and "exceed 63" in err
-    rc, _, err = run_inproc(["k8s", "--name", "a" * 56, "--nnodes", "12", "--fabric", "infiniband"])
+    # JobSet's webhook: <name>-node-0-<index>-<5 random> within 63 characters
+    longest_ok = "a" * (63 - len("-node-0-11-xxxxx"))
+    (job,) = _render_docs(["k8s", "--name", longest_ok, "--nnodes", "12", "--fabric", "infiniband"])
+    (runtime,) = _render_docs(["k8s-runtime", "--nnodes", "12", "--fabric", "infiniband"])
+    check_manifests([job], {runtime["metadata"]["name"]: runtime})
+    rc, _, err = run_inproc(["k8s", "--name", longest_ok + "a", "--nnodes", "12", "--fabric", "infiniband"])
     assert rc == 2 and "exceed 63" in err
+    assert jobset_webhook(trainer_jobset(
+        {**job, "metadata": {**job["metadata"], "name": longest_ok + "a"}}, runtime))[1]
+
+
+def test_operator_rules_reject_what_the_operators_reject():
+    """The written-down webhook rules are not vacuous: each one rejects its violation."""
+    (pj,) = _render_docs(["k8s", "--api", "pytorchjob", "--profile", "h100", "--nnodes", "2", "--fabric", "infiniband"])
+    bad = json.loads(json.dumps(pj))
+    bad["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
+    bad["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "main"
+    bad["spec"]["pytorchReplicaSpecs"]["Chief"] = bad["spec"]["pytorchReplicaSpecs"]["Worker"]
+    errors = pytorchjob_webhook_errors(bad)
+    assert any("Master.replicas" in e for e in errors) and any("no container named pytorch" in e for e in errors)
+    assert any("Chief" in e for e in errors)
+    (runtime,) = _render_docs(["k8s-runtime", "--profile", "h100"])
+    bad = json.loads(json.dumps(runtime))
+    bad["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = "trainer"
+    assert runtime_webhook_errors(bad) and not runtime_webhook_errors(runtime)
+    (job,) = _render_docs(["k8s", "--profile", "h100"])
+    job["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "3"}]
+    assert any("reserved envs" in e for e in trainjob_webhook_errors(job, runtime))
+    # the injected environment: a 3-node fixed PyTorchJob, worker 1 is node rank 2
+    (pj,) = _render_docs(["k8s", "--api", "pytorchjob", "--profile", "h100", "--nnodes", "3", "--fabric", "infiniband"])
+    env = pytorchjob_injected_env(pj, "Worker", 1)
+    assert (env["PET_NODE_RANK"], env["PET_NNODES"], env["WORLD_SIZE"], env["PET_NPROC_PER_NODE"]) == ("2", "3", "24", "8")
 
 
 @pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
