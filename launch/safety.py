@@ -19,6 +19,7 @@ same code without an upward import: ``train`` imports it, never the other way ro
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -109,6 +110,7 @@ def parse_finite_float(what: str, value: object) -> float:
     return value
 
 
+@functools.lru_cache(maxsize=1)
 def _click_types():
     import click
 
@@ -142,6 +144,30 @@ def _click_types():
             return number
 
     return StrictInt, StrictFloat
+
+
+def harden_click(command) -> None:
+    """Give every integer/float parameter of ``command`` (and its subcommands) the strict
+    types: a new ``type=int`` option is ASCII-only, bounded and finite by construction."""
+    import click
+
+    strict_int, strict_float = _click_types()
+    commands = [command]
+    while commands:
+        cmd = commands.pop()
+        commands.extend(getattr(cmd, "commands", {}).values())
+        for param in cmd.params:
+            t = param.type
+            if isinstance(t, click.IntRange):
+                lo = None if t.min is None else t.min + (1 if t.min_open else 0)
+                hi = None if t.max is None else t.max - (1 if t.max_open else 0)
+                param.type = strict_int(lo, hi)
+            elif isinstance(t, click.types.IntParamType):
+                param.type = strict_int(-(2**63), 2**63 - 1)
+            elif isinstance(t, click.FloatRange):
+                param.type = strict_float(t.min)
+            elif isinstance(t, click.types.FloatParamType):
+                param.type = strict_float()
 
 
 def __getattr__(name: str):  # click types built lazily: this module is imported without click too
