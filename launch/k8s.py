@@ -39,8 +39,6 @@ from launch.spec import JobSpec, SpecError, check_env_name, check_unique_env, pa
 CONTAINER_NAME = "pytorch"  # training-operator v1: PyTorchJobDefaultContainerName
 TRAINER_CONTAINER = "node"  # Trainer v2: constants.Node, where the Torch plugin injects PET_*
 PORT_NAME = "pytorchjob-port"
-APIS = ("trainjob", "pytorchjob")
-TRAINER_API_GROUP = "trainer.kubeflow.org"
 # Trainer v2 rejects these in TrainJob.spec.trainer.env (constants.TorchRunReservedEnvNames).
 TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 GANG_TIMEOUT_S = 300
