@@ -44,7 +44,7 @@ RESUME_SAFE_KEYS = (
 )
 
 
-class RunDirBusy(InputError):
+class RunDirBusy(ConfigError):
     """Another run holds the run directory."""
 
 
