@@ -224,8 +224,9 @@ def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
 
     if len(text) > limit:
         raise InputError(f"{what}: {len(text)} characters, more than the {limit} allowed")
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # the reader refuses non-printable characters here
         depth = 0
         while loader.check_event():
             event = loader.peek_event()
@@ -239,7 +240,8 @@ def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(f"{what}: malformed YAML{_yaml_where(exc)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
     loader = yaml.SafeLoader(text)
     try:

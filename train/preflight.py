@@ -112,3 +112,15 @@ def check_device(job: JobConfig) -> None:
     on_cpu = job.train.device == "cpu" or not cuda
     if on_cpu and job.train.precision == "fp16":
         raise ConfigError("train.precision=fp16 needs a CUDA GPU (use bf16 or fp32 on the CPU)")
+
+
+def check_data(job: JobConfig) -> None:
+    """A token file (data.source=file) is opened and checked now: a bad file is a usage
+    error before any directory, lock or process group exists."""
+    if job.data.source != "file":
+        return
+    from train.data import DataError, open_token_file
+
+    _, vocab = open_token_file(Path(job.data.path))
+    if vocab > job.model.vocab_size:
+        raise DataError(f"model.vocab_size: {job.model.vocab_size} is smaller than the data's vocabulary ({vocab})")
