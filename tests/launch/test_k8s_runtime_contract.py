@@ -19,7 +19,7 @@ What is changed to run on a 2-core CPU machine, and nothing else:
   the last value of a repeated option), so the 1b/8b presets become the tiny one.
 
 All runs start together (each mostly waits on torch imports and, for the elastic job, on
-the c10d rendezvous' 30 s last call): 67-88 s wall on the 2-core CPU VM under load.
+the c10d rendezvous' 30 s last call): 67-86 s wall on the 2-core CPU VM under load.
 """
 
 from __future__ import annotations
