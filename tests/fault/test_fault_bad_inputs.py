@@ -783,7 +783,9 @@ def test_doc_lists_every_case():
 def write_doc() -> None:
     text = DOC.read_text() if DOC.exists() else f"# Bad inputs\n\n{BEGIN}\n{END}\n"
     old = _doc_table(text)
-    DOC.write_text(text.replace(old, render_table()) if old else text + "\n" + render_table() + "\n")
+    from launch.safety import atomic_write  # whole file or nothing: a failure never truncates the doc
+
+    atomic_write(DOC, text.replace(old, render_table()) if old else text + "\n" + render_table() + "\n", what="doc")
 
 
 if __name__ == "__main__":
