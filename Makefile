@@ -54,7 +54,7 @@ demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GP
 test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-render-k8s: setup  ## re-render the committed Kubeflow PyTorchJob manifests under k8s/
+render-k8s: setup  ## re-render the committed Kubernetes manifests under k8s/ (TrainJob, runtimes, PyTorchJob, ComputeDomain)
 	$(PY) -m launch.render_examples
 
 clean-venv:  ## remove .venv

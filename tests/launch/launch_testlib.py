@@ -102,7 +102,7 @@ def job_shapes() -> list[tuple[str, list[str]]]:
 
 def backend_argv(backend: str, options: list[str], fabric_of: str | None = None) -> list[str]:
     extra = []
-    if backend == "k8s":
+    if backend in ("k8s", "k8s-runtime"):
         for fabric, args in K8S_FABRIC_EXTRAS.items():
             if fabric in options:
                 extra += args

@@ -46,7 +46,7 @@ CASES = {
         "env", "--profile", "h100", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0,mlx5_1",
     ],
     "k8s-b200-2x8-roce.yaml": [
-        "k8s", "--profile", "b200", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0,mlx5_1",
+        "k8s", "--api", "pytorchjob", "--profile", "b200", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0,mlx5_1",
         "--pod-annotation", "k8s.v1.cni.cncf.io/networks=roce", "--name", "b200-roce",
         "--", "--config", "8b", "--resume",
     ],

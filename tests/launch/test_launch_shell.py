@@ -74,11 +74,11 @@ def test_env_file_sources_cleanly(tmp_path):
     path = tmp_path / "env.sh"
     path.write_text(render(["env", "--profile", "gb200", "--env", "WEIRD=$(echo no) `x` 'q'"]))
     proc = subprocess.run(
-        ["bash", "-c", 'source "$1" && printf %s "$WEIRD|$NCCL_MNNVL_ENABLE"', "x", str(path)],
+        ["bash", "-c", 'source "$1" && printf %s "$WEIRD|$OMP_NUM_THREADS"', "x", str(path)],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "$(echo no) `x` 'q'|1"
+    assert proc.stdout == "$(echo no) `x` 'q'|16"
 
 
 # --------------------------------------------------------------------------- hostile values
@@ -147,7 +147,8 @@ def test_hostile_values_torchrun(sandbox, multi_node):
 def test_hostile_values_docker(sandbox):
     workdir, record, canary, env = sandbox
     options, values, env_pairs = _hostile_job(canary, multi_node=True)
-    image = f"registry.example/img:tag; touch {canary}"
+    image = "registry.example:5000/team/img:tag@sha256:" + "ab" * 32  # hostile images are refused
+    assert run_inproc(["docker", "--image", f"img:tag; touch {canary}"])[0] == 2
     script = render(["docker", *options, "--flight-recorder", "--image", image,
                      "--mount", "/data dir/$(x):/data", "--", *values])
     proc = _run(script, workdir, env)
@@ -164,7 +165,8 @@ def test_hostile_values_docker(sandbox):
 def test_hostile_values_slurm(sandbox, pyxis):
     workdir, record, canary, env = sandbox
     options, values, env_pairs = _hostile_job(canary, multi_node=True)
-    image = f"nvcr.io/x:1 $(touch {canary})"
+    image = "nvcr.io#nvidia/pytorch:25.01-py3"  # enroot syntax; hostile images are refused
+    assert run_inproc(["slurm", "--pyxis", "--image", f"nvcr.io/x:1 $(touch {canary})"])[0] == 2
     extra = ["--pyxis", "--image", image] if pyxis else []
     script = render(["slurm", *options, *extra, "--flight-recorder", "--partition", "gpu", "--", *values])
     proc = _run(script, workdir, env)
