@@ -290,6 +290,23 @@ def _check_expansion(root, what: str) -> None:
 
 # --------------------------------------------------------------------------- output files
 
+# Paths a job must never mount, write checkpoints or a run directory to: the root, system
+# directories and the pseudo/memory file systems (/dev/shm is the shared-memory mount).
+RESERVED_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                  "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/root", "/home")
+RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                  "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
+
+
+def reserved_path(path: str) -> bool:
+    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys..."""
+    import posixpath
+
+    norm = posixpath.normpath(path)
+    norm = "/" if norm == "//" else norm
+    return norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES)
+
+
 
 def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
     """Refuse a target that an atomic rename would destroy or that cannot be written.
