@@ -48,6 +48,9 @@ def build(o: dict) -> Built:
     warnings: list[str] = []
     profile = catalog.load_profile(o["profile"])
     nodes = parse_nnodes(o["nnodes"])
+    for option in ("fabric", "rdzv_id"):
+        if o.get(option) is not None and not str(o[option]).strip():
+            raise SpecError(f"--{option.replace('_', '-')} is empty")
     fabric_name = o["fabric"] or (
         profile.default_fabric_multi if nodes.multi_node else profile.default_fabric_single
     )

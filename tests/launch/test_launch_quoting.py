@@ -296,7 +296,7 @@ def test_every_yaml_variable_hostile(monkeypatch, tmp_path, job_id, argv):
 
 def test_yaml_refuses_non_utf8(monkeypatch):
     rc, _, err = run_inproc(["k8s", "--", "--set", "x=\udcff"])
-    assert rc == 2 and "UTF-8" in err and "Traceback" not in err
+    assert rc == 2 and "non-UTF-8" in err and "Traceback" not in err
 
 
 def test_unfiltered_variables_are_quoted_by_default():
