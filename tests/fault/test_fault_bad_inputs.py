@@ -458,6 +458,10 @@ CASES = [
     L("mount-root", "docker --mount /:/host", ["docker", "--mount", "/:/host"], 2, "--mount '/'"),
     L("mount-etc", "docker --mount /etc:/etc:ro", ["docker", "--mount", "/etc:/etc:ro"], 2, "--mount '/etc'"),
     L("mount-proc-target", "docker --mount over /proc", ["docker", "--mount", "/data:/proc/x"], 2, "--mount '/proc/x'"),
+    L("mount-twice", "docker --mount on the same target twice", ["docker", "--mount", "/a:/data", "--mount", "/b:/data"],
+      2, "'/data' is already mounted"),
+    L("mount-over-checkpoints", "docker --mount onto the checkpoint directory", ["docker", "--mount", "/a:/checkpoints"],
+      2, "'/checkpoints' is already mounted (--checkpoint-dir)"),
     L("mount-slurm-usr", "slurm --pyxis --mount /usr:/usr", ["slurm", "--pyxis", "--mount", "/usr:/usr"], 2,
       "--mount '/usr'"),
     # ---- launch: names and tokens
