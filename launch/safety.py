@@ -31,6 +31,7 @@ from typing import Any
 MAX_YAML_BYTES = 1 << 20  # 1 MiB: configs and profiles are a few KiB
 MAX_YAML_DEPTH = 32  # nesting of mappings/sequences
 MAX_YAML_NODES = 20_000  # nodes after alias expansion
+MAX_YAML_EXPANDED_CHARS = 4 << 20  # scalar text after alias expansion
 EXCERPT_CHARS = 80
 MESSAGE_CHARS = 600
 
@@ -268,12 +269,17 @@ def _yaml_where(exc) -> str:
 def _check_expansion(root, what: str) -> None:
     import yaml
 
-    seen, stack = 0, [(root, 1)]
+    seen, chars, stack = 0, 0, [(root, 1)]
     while stack:
         node, depth = stack.pop()
         seen += 1
         if seen > MAX_YAML_NODES:
             raise InputError(f"{what}: more than {MAX_YAML_NODES} values after expanding aliases (alias bomb?)")
+        if isinstance(node, yaml.ScalarNode):
+            chars += len(node.value)  # a long string aliased many times is a bomb too (repr, messages)
+            if chars > MAX_YAML_EXPANDED_CHARS:
+                raise InputError(f"{what}: more than {MAX_YAML_EXPANDED_CHARS} characters after expanding "
+                                 "aliases (alias bomb?)")
         if depth > MAX_YAML_DEPTH:
             raise InputError(f"{what}: nested deeper than {MAX_YAML_DEPTH} levels (through aliases)")
         if isinstance(node, yaml.SequenceNode):
@@ -289,6 +295,23 @@ def _check_expansion(root, what: str) -> None:
 
 
 # --------------------------------------------------------------------------- output files
+
+# Paths a job must never mount, write checkpoints or a run directory to: the root, system
+# directories and the pseudo/memory file systems (/dev/shm is the shared-memory mount).
+RESERVED_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                  "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/root", "/home")
+RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                  "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
+
+
+def reserved_path(path: str) -> bool:
+    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys..."""
+    import posixpath
+
+    norm = posixpath.normpath(path)
+    norm = "/" if norm == "//" else norm
+    return norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES)
+
 
 
 def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from launch.safety import excerpt
+from launch.safety import excerpt, reserved_path
 
 from train.config import ConfigError, JobConfig
 from train.parallel.config import check_parallel, resolve_mesh
@@ -49,6 +49,9 @@ def check_out_dir(out) -> Path:
     if any(ord(ch) < 0x20 or ch == "\x7f" for ch in text):
         raise ConfigError(f"--out {excerpt(text)}: control characters in a directory name")
     out = Path(text)
+    if reserved_path(os.path.abspath(text)):
+        raise ConfigError(f"--out {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
+                          "be a run directory")
     try:
         if out.is_symlink() and not out.is_dir():
             raise ConfigError(f"--out {excerpt(text)}: a dangling symbolic link")

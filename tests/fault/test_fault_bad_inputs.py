@@ -223,12 +223,24 @@ CASES = [
            ("MASTER_PORT", "99999")]),
     T("local-rank-unicode", "LOCAL_RANK in full-width digits", ["run"], 2, "LOCAL_RANK",
       env=[("LOCAL_RANK", "\uff10")]),
+    T("config-empty", "--config ''", ["run", "--config", ""], 2, "--config: empty name"),
+    T("config-name-too-long", "--config name longer than the file system allows", ["run", "--config", "c" * 5000], 2,
+      "File name too long"),
+    T("cache-dir-system", "data.cache_dir=/etc", ["run", "--set", "data.cache_dir=/etc"], 2,
+      "data.cache_dir: '/etc' is a system directory"),
     # ---- train: the run directory (--out)
+    T("out-system-dir", "--out /etc", ["run", "--out", "/etc"], 2, "--out '/etc': a system directory"),
+    T("out-root", "--out /", ["run", "--out", "/"], 2, "--out '/': a system directory"),
     T("out-empty", "--out ''", ["run", "--out", ""], 2, "--out: empty directory name"),
     T("out-fifo", "--out naming a FIFO", ["run", "--out", "{fifo}"], 2, "exists and is not a directory"),
     T("out-newline", "--out with a newline in it", ["run", "--out", "{tmp}/a\nb"], 2, "control characters"),
     T("out-dangling-link", "--out a dangling symbolic link", ["run", "--out", "{dangling}"], 2,
       "dangling symbolic link"),
+    T("out-lock-fifo", "--out whose lock file is a FIFO", ["run", "--set", "data.source=synthetic", *TINY,
+                                                          "--out", "{fifo_lock_run}"], 2, "is not a regular file"),
+    T("out-lock-symlink", "--out whose lock file is a symlink", ["run", "--set", "data.source=synthetic", *TINY,
+                                                                "--out", "{link_lock_run}"], 2,
+      "cannot create the run lock"),
     T("out-busy", "--out held by a live run (flock held)", ["run", "--set", "data.source=synthetic", *TINY,
                                                              "--out", "{busy_run}"], 2, "in use by another run (pid"),
     T("out-busy-other-host", "--out whose lock names a run on another host (shared file system)",
@@ -451,6 +463,10 @@ CASES = [
     L("mount-root", "docker --mount /:/host", ["docker", "--mount", "/:/host"], 2, "--mount '/'"),
     L("mount-etc", "docker --mount /etc:/etc:ro", ["docker", "--mount", "/etc:/etc:ro"], 2, "--mount '/etc'"),
     L("mount-proc-target", "docker --mount over /proc", ["docker", "--mount", "/data:/proc/x"], 2, "--mount '/proc/x'"),
+    L("mount-twice", "docker --mount on the same target twice", ["docker", "--mount", "/a:/data", "--mount", "/b:/data"],
+      2, "'/data' is already mounted"),
+    L("mount-over-checkpoints", "docker --mount onto the checkpoint directory", ["docker", "--mount", "/a:/checkpoints"],
+      2, "'/checkpoints' is already mounted (--checkpoint-dir)"),
     L("mount-slurm-usr", "slurm --pyxis --mount /usr:/usr", ["slurm", "--pyxis", "--mount", "/usr:/usr"], 2,
       "--mount '/usr'"),
     # ---- launch: names and tokens
@@ -478,11 +494,20 @@ CASES = [
       "--image-pull-secret 'A_B'"),
     L("entrypoint-unbalanced", "--entrypoint with an unclosed quote", ["torchrun", "--entrypoint", "python 'x"], 2,
       "--entrypoint"),
+    L("entrypoint-option", "--entrypoint starting with an option (torchrun would read it)",
+      ["torchrun", "--entrypoint", "--nproc-per-node 64 x.py"], 2, "must start with a program"),
+    L("fabric-empty", "--fabric ''", ["torchrun", "--fabric", ""], 2, "--fabric is empty"),
+    L("rdzv-id-empty", "--rdzv-id ''", ["torchrun", "--rdzv-id", ""], 2, "--rdzv-id is empty"),
+    L("cpus-zero", "k8s --cpus 0", ["k8s", "--cpus", "0"], 2, "--cpus '0': must be more than zero"),
+    L("shm-size-zero", "k8s --shm-size 0Gi", ["k8s", "--shm-size", "0Gi"], 2, "--shm-size '0Gi'"),
+    L("namespace-long", "k8s --namespace of 64 characters", ["k8s", "--namespace", "n" * 64], 2, "--namespace"),
+    L("annotation-non-utf8", "k8s --pod-annotation with a non-UTF-8 byte", ["k8s", "--pod-annotation", "a=\udcff"], 2,
+      "--pod-annotation"),
     L("entrypoint-empty", "--entrypoint ''", ["torchrun", "--entrypoint", ""], 2, "--entrypoint is empty"),
     L("run-multi-node", "launch run for 2 nodes", ["run", "--dry-run", "--nnodes", "2", "--fabric", "infiniband"], 2,
       "starts single-node jobs"),
     L("k8s-non-utf8", "k8s training argument with a non-UTF-8 byte", ["k8s", "--", "--set", "x=\udcff"], 2,
-      "not valid UTF-8"),
+      "non-UTF-8 byte"),
 ]
 
 
@@ -535,6 +560,11 @@ def _fixtures(tmp: Path) -> dict[str, str]:
             {"step": 2, "world_size": 1, "files": {n: len(d) for n, d in files.items()}}))
         (run / "checkpoints" / "latest").write_text("step_00000002\n")
         runs[name] = str(run)
+    for name in ("fifo_lock_run", "link_lock_run"):
+        (tmp / name).mkdir()
+        runs[name] = str(tmp / name)
+    os.mkfifo(tmp / "fifo_lock_run" / ".train.lock")
+    (tmp / "link_lock_run" / ".train.lock").symlink_to(tmp / "afile")
     # a run directory whose lock names a run on another host (a shared file system without coherent flock)
     (tmp / "remote_run" / ".train.lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 4242}))
     (tmp / "busy_run" / ".train.lock").write_text(json.dumps({"host": "this-test", "pid": os.getpid()}))
