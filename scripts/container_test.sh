@@ -77,8 +77,9 @@ ensure_tools() {
     command -v runc >/dev/null || missing+=(runc)
     if ((${#missing[@]})); then
         echo "installing: ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        # Other jobs on the machine may hold the dpkg/apt locks: wait for them (10 min).
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
             "${missing[@]}" >/dev/null
     fi
     podman --version

@@ -1,0 +1,143 @@
+"""The rendered `launch docker` script, unmodified, run for real by podman against the
+project image (issue 18 items 7-10, issue 10 part 4).
+
+Needs root, podman and the image that scripts/container_test.sh builds; that script runs
+this file in CI's container step with LAUNCH_PODMAN_IMAGE set (and CONTAINERS_CONF /
+CONTAINERS_STORAGE_CONF pointing podman at its storage). Elsewhere it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("LAUNCH_PODMAN_IMAGE", "")
+
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not IMAGE, reason="LAUNCH_PODMAN_IMAGE not set (scripts/container_test.sh sets it)"),
+    pytest.mark.skipif(shutil.which("podman") is None, reason="podman not installed"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (rootful podman, as in CI)"),
+]
+
+TINY = ["--config", "tiny", "--set", "train.log_every=1"]
+
+
+def render(tmp: Path, *argv: str) -> Path:
+    """`launch docker ...` through the real CLI, written with -o (as a user would)."""
+    script = tmp / "job.sh"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch", "docker", "--image", IMAGE, "-o", str(script), *argv],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return script
+
+
+def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCH_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def container_name(request):
+    name = f"ht-{request.node.name.replace('_', '-')[:40].strip('-')}"
+    podman("rm", "-f", "-t", "0", name)
+    yield name
+    podman("rm", "-f", "-t", "0", name)  # also after a failure: nothing left running
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steps_of(run_dir: Path) -> list[int]:
+    ckpts = run_dir / "checkpoints"
+    return sorted(int(p.name.split("_")[1]) for p in ckpts.glob("step_*")) if ckpts.is_dir() else []
+
+
+def test_two_cpu_processes_train_to_completion_fresh_host_dir(tmp_path, container_name):
+    """Engine detected (no LAUNCH_ENGINE), fresh nested host directory with a blank in its
+    path created and handed to the image's user, --out defaulting under the volume."""
+    ckpt = tmp_path / "fresh host" / "ckpt"
+    script = render(tmp_path, "--cpu", "--nproc-per-node", "2", "--name", container_name,
+                    "--checkpoint-dir", str(ckpt), "--grace-period", "60",
+                    "--", *TINY, "--steps", "20", "--checkpoint-every", "20")
+    proc = subprocess.run(["bash", str(script)], env=script_env(), capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"podman run --name {container_name}" in proc.stderr
+    assert f"created {ckpt} owned by 1000:1000" in proc.stderr
+    st = ckpt.stat()
+    assert (st.st_uid, st.st_gid) == (1000, 1000)
+    run_dir = ckpt / container_name  # --out <checkpoint-dir>/<job name>
+    rows = [r for r in metrics(run_dir) if "loss" in r]
+    assert rows and rows[-1]["step"] == 20
+    assert rows[0].get("world_size", 2) == 2
+    assert steps_of(run_dir) == [20]
+    assert podman("container", "exists", container_name).returncode == 1, "--rm left the container behind"
+
+
+def test_podman_stop_by_name_keeps_preemption_checkpoint_then_resume(tmp_path, container_name):
+    """`podman stop NAME` with its default timeout: the container's stop timeout is the
+    grace period, the training loop checkpoints and exits before SIGKILL; the same script
+    with --resume continues from that checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    grace = 90
+    script = render(tmp_path, "--cpu", "--nproc-per-node", "2", "--name", container_name,
+                    "--checkpoint-dir", str(ckpt), "--grace-period", str(grace),
+                    "--", *TINY, "--steps", "100000", "--checkpoint-every", "100000")
+    env = script_env(LAUNCH_ENGINE="podman", LAUNCH_ENGINE_FLAGS="--label=io.hopper-train.test=stop")
+    log = (tmp_path / "run.log").open("w")
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    run_dir = ckpt / container_name
+    try:
+        deadline = time.monotonic() + 300
+        while not [r for r in metrics(run_dir) if "loss" in r]:
+            assert job.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no training step within 300 s"
+            time.sleep(1)
+        inspect = podman("inspect", "--format", "{{.Config.StopTimeout}} {{index .Config.Labels \"io.hopper-train.test\"}}",
+                         container_name)
+        assert inspect.stdout.split() == [str(grace), "stop"], inspect.stdout + inspect.stderr
+        t0 = time.monotonic()
+        stop = podman("stop", container_name, timeout=grace + 60)  # default timeout: the container's
+        stop_s = time.monotonic() - t0
+        assert stop.returncode == 0, stop.stderr
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+            job.wait()
+        log.close()
+    text = (tmp_path / "run.log").read_text()
+    assert "preempted: checkpoint written" in text, text[-3000:]
+    assert stop_s < grace, f"podman stop took {stop_s:.0f}s: the container was SIGKILLed"
+    saved = steps_of(run_dir)
+    assert len(saved) == 1, saved
+    step = saved[0]
+
+    proc = subprocess.run(["bash", str(script), "--resume", "--steps", str(step + 3)], env=script_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [r for r in metrics(run_dir) if "loss" in r]
+    assert rows[-1]["step"] == step + 3
+    print(f"podman stop took {stop_s:.1f}s (grace {grace}s); preemption checkpoint at step {step}; resumed to {step + 3}")
