@@ -30,6 +30,9 @@ pytestmark = [
 ]
 
 TINY = ["--config", "tiny", "--set", "train.log_every=1"]
+# Seconds of a tiny step at batch 16 in this container, measured by the first test; the
+# stop test sizes its batch so that shutting down takes well over docker's/podman's 10 s.
+MEASURED: dict[str, float] = {}
 
 
 def render(tmp: Path, *argv: str) -> Path:
@@ -90,6 +93,8 @@ def test_two_cpu_processes_train_to_completion_fresh_host_dir(tmp_path, containe
     run_dir = ckpt / container_name  # --out <checkpoint-dir>/<job name>
     rows = [r for r in metrics(run_dir) if "loss" in r]
     assert rows and rows[-1]["step"] == 20
+    times = sorted(r["step_time_s"] for r in rows[1:])
+    MEASURED["step16_s"] = times[len(times) // 2]
     assert rows[0].get("world_size", 2) == 2
     assert steps_of(run_dir) == [20]
     assert podman("container", "exists", container_name).returncode == 1, "--rm left the container behind"
@@ -100,10 +105,14 @@ def test_podman_stop_by_name_keeps_preemption_checkpoint_then_resume(tmp_path, c
     grace period, the training loop checkpoints and exits before SIGKILL; the same script
     with --resume continues from that checkpoint."""
     ckpt = tmp_path / "ckpt"
-    grace = 90
+    grace = 120
+    # A step of ~25 s: SIGTERM right after a step is logged means the loop needs the rest
+    # of the next step plus the save (> 10 s) before it can exit.
+    batch = int(min(max(16 * 25 / MEASURED.get("step16_s", 0.5), 32), 4096)) // 16 * 16
     script = render(tmp_path, "--cpu", "--nproc-per-node", "2", "--name", container_name,
                     "--checkpoint-dir", str(ckpt), "--grace-period", str(grace),
-                    "--", *TINY, "--steps", "100000", "--checkpoint-every", "100000")
+                    "--", *TINY, "--set", f"train.batch_size={batch}", "--steps", "100000",
+                    "--checkpoint-every", "100000")
     env = script_env(LAUNCH_ENGINE="podman", LAUNCH_ENGINE_FLAGS="--label=io.hopper-train.test=stop")
     log = (tmp_path / "run.log").open("w")
     job = subprocess.Popen(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -111,7 +120,7 @@ def test_podman_stop_by_name_keeps_preemption_checkpoint_then_resume(tmp_path, c
     run_dir = ckpt / container_name
     try:
         deadline = time.monotonic() + 300
-        while not [r for r in metrics(run_dir) if "loss" in r]:
+        while not [r for r in metrics(run_dir) if "loss" in r]:  # stop right after step 1
             assert job.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no training step within 300 s"
             time.sleep(1)
@@ -131,13 +140,16 @@ def test_podman_stop_by_name_keeps_preemption_checkpoint_then_resume(tmp_path, c
     text = (tmp_path / "run.log").read_text()
     assert "preempted: checkpoint written" in text, text[-3000:]
     assert stop_s < grace, f"podman stop took {stop_s:.0f}s: the container was SIGKILLed"
+    # without --stop-timeout the engine would have SIGKILLed it after 10 s
+    assert stop_s > 10, f"shutdown took only {stop_s:.1f}s (batch {batch}): the test proves nothing"
     saved = steps_of(run_dir)
     assert len(saved) == 1, saved
     step = saved[0]
 
-    proc = subprocess.run(["bash", str(script), "--resume", "--steps", str(step + 3)], env=script_env(),
+    proc = subprocess.run(["bash", str(script), "--resume", "--steps", str(step + 1)], env=script_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [r for r in metrics(run_dir) if "loss" in r]
-    assert rows[-1]["step"] == step + 3
-    print(f"podman stop took {stop_s:.1f}s (grace {grace}s); preemption checkpoint at step {step}; resumed to {step + 3}")
+    assert rows[-1]["step"] == step + 1
+    print(f"podman stop took {stop_s:.1f}s (grace {grace}s, batch {batch}); preemption checkpoint at step {step}; "
+          f"resumed to {step + 1}")

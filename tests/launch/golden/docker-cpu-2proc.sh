@@ -112,18 +112,49 @@ case "$gpus" in
   *) die "LAUNCH_GPUS=$gpus: expected all, none or GPU indices such as 0,1" ;;
 esac
 
-# ---- locked memory: unlimited for CUDA pinned host buffers and RDMA registration. A
-# rootless engine can only grant up to the invoking user's hard limit ----
-memlock_opts=()
+# ---- resource limits. A rootless engine, and podman run by a root without
+# CAP_SYS_RESOURCE (e.g. inside another container), can raise a container's limits only up
+# to the caller's own hard limits; above them the container fails to start (EPERM) ----
+limited=0
+limited_why=""
+if [[ "$rootless" == 1 ]]; then
+  limited=1
+  limited_why="rootless $engine"
+elif [[ "$engine" == podman ]]; then
+  capeff=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status 2>/dev/null || true)
+  if [[ -n "$capeff" ]] && (((16#$capeff >> 24) & 1)); then
+    :  # CAP_SYS_RESOURCE: podman sets any limit
+  else
+    limited=1
+    limited_why="podman without CAP_SYS_RESOURCE"
+  fi
+fi
+limit_opts=()
+if ((limited)) && [[ "$engine" == podman && "$rootless" != 1 ]]; then
+  # once --ulimit is given, podman leaves containers.conf's default_ulimits out and asks
+  # for its own (higher) open-file and process limits: pass the ones we may grant
+  # (processes: at most pid_max, which podman itself is held to)
+  hard_nofile=$(ulimit -H -n)
+  hard_nproc=$(ulimit -H -u)
+  pid_max=$(cat /proc/sys/kernel/pid_max 2>/dev/null || echo 32768)
+  if [[ "$hard_nproc" == unlimited ]] || ((hard_nproc > pid_max)); then
+    hard_nproc=$pid_max
+  fi
+  limit_opts+=("--ulimit=nproc=$hard_nproc:$hard_nproc")
+  if [[ "$hard_nofile" != unlimited ]]; then
+    limit_opts+=("--ulimit=nofile=$hard_nofile:$hard_nofile")
+  fi
+fi
+# locked memory: unlimited for CUDA pinned host buffers and RDMA registration
 if [[ "$gpus" != none || "$rdma_fabric" == 1 ]]; then
-  memlock_opts=(--ulimit=memlock=-1)
+  limit_opts+=(--ulimit=memlock=-1)
   hard_memlock=$(ulimit -H -l)
-  if [[ "$rootless" == 1 && "$hard_memlock" != unlimited ]]; then
+  if ((limited)) && [[ "$hard_memlock" != unlimited ]]; then
     if [[ "$rdma_fabric" == 1 ]]; then
-      die "rootless $engine cannot grant --ulimit memlock=-1 (your hard limit: $hard_memlock KiB) and fabric pcie registers memory for RDMA; raise the limit ('<user> hard memlock unlimited' in /etc/security/limits.conf, then log in again) or use a rootful engine"
+      die "$limited_why cannot grant --ulimit memlock=-1 (your hard limit: $hard_memlock KiB) and fabric pcie registers memory for RDMA; raise the limit ('<user> hard memlock unlimited' in /etc/security/limits.conf, then log in again) or use a rootful engine"
     fi
-    note "rootless $engine: hard memlock limit is $hard_memlock KiB, so --ulimit memlock=-1 is left out (pinned-memory copies may be slower); 'unlimited' in /etc/security/limits.conf restores it"
-    memlock_opts=()
+    note "$limited_why: your hard memlock limit is $hard_memlock KiB, so --ulimit memlock=-1 is left out (pinned-memory copies may be slower); 'unlimited' in /etc/security/limits.conf restores it"
+    unset 'limit_opts[-1]'
   fi
 fi
 
@@ -187,5 +218,5 @@ train_cmd=(
 )
 
 note "$engine run --name $container_name (stop it with: $engine stop $container_name; it gets ${grace_period_s}s to checkpoint)"
-exec "$engine" run "--name=$container_name" "${docker_opts[@]}" "${gpu_opts[@]}" "${memlock_opts[@]}" "${user_opts[@]}" \
+exec "$engine" run "--name=$container_name" "${docker_opts[@]}" "${gpu_opts[@]}" "${limit_opts[@]}" "${user_opts[@]}" \
   "${docker_env[@]}" "${extra_opts[@]}" "$image" torchrun "${torchrun_opts[@]}" "${train_cmd[@]}" "$@"
