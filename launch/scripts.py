@@ -7,16 +7,14 @@ from dataclasses import dataclass
 
 from launch.commandline import Shell, launcher_args, program_args, training_args
 from launch.envplan import EnvPlan
-from launch.render import group_args, header_lines, render
-from launch.spec import JobSpec, SpecError, parse_safe_token
+from launch.render import Quoted, group_args, header_lines, render
+from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token
 
 DOCKER_BASE_FLAGS = (
     ("--rm", "remove the container when training exits"),
     ("--ipc=host", "worker processes share memory through /dev/shm (NGC requirement)"),
     ("--ulimit=stack=67108864", "64 MiB stack, as NGC PyTorch containers require"),
 )
-# The image's run-time user (docker/Dockerfile.*: APP_UID/APP_GID); LAUNCH_IMAGE_USER overrides.
-DOCKER_IMAGE_USER = "1000:1000"
 TRAIN_PROGRAMS = (("-m", "train", "run"), ("--no-python", "train", "run"))
 
 
@@ -136,9 +134,8 @@ def docker_script(spec: JobSpec, plan: EnvPlan, command: str, opts: DockerOption
         job_name=spec.name,
         checkpoint_dir=spec.checkpoint_dir,
         grace_period_s=spec.grace_period_s,
-        image_user=DOCKER_IMAGE_USER,
-        gpus_default="none" if opts.cpu else "all",
-        rdma_fabric="1" if (spec.fabric.docker_devices or "IPC_LOCK" in spec.fabric.docker_cap_add) else "0",
+        cpu=opts.cpu,
+        rdma_fabric=bool(spec.fabric.docker_devices or "IPC_LOCK" in spec.fabric.docker_cap_add),
         flags=docker_flags(spec),
         torchrun_groups=_torchrun_groups(spec, Shell('"$rdzv_endpoint"'), spec.rdzv.id),
     )
@@ -152,7 +149,14 @@ def _slurm_cpus(spec: JobSpec) -> str | None:
     return cpus
 
 
-def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[str]:
+def _directive(text: str) -> Quoted:
+    """An #SBATCH line is parsed by sbatch, not by bash: only plain tokens go there."""
+    if not _SAFE_TOKEN.fullmatch(text):
+        raise SpecError(f"#SBATCH {text!r}: only letters, digits and =^_.,:/+@- are allowed")
+    return Quoted(text)
+
+
+def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[Quoted]:
     nodes = f"{spec.nodes.min}-{spec.nodes.max}" if spec.nodes.elastic else str(spec.nodes.min)
     directives = [
         f"--job-name={spec.name}",
@@ -169,7 +173,7 @@ def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[str]:
     for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)):
         if value:
             directives.append(f"--{flag}={value}")
-    return directives
+    return [_directive(d) for d in directives]
 
 
 def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:

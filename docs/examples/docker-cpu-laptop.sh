@@ -16,7 +16,7 @@
 #   LAUNCH_GPUS=all|none|0,1,...   GPUs for the container (none: CPU processes, gloo);
 #                                  default none
 #   LAUNCH_CONTAINER_NAME=NAME     container name; default the job name (laptop)
-#   LAUNCH_IMAGE_USER=UID:GID      the image's run-time user; default 1000:1000
+#   LAUNCH_IMAGE_USER=UID:GID      the image's run-time user (Dockerfile APP_UID/APP_GID); default 1000:1000
 #   LAUNCH_ROOTLESS=0|1            rootless engine; default: asked from the engine
 # Arguments given to this script go to the training program.
 set -euo pipefail
@@ -29,6 +29,7 @@ checkpoint_dir=/tmp/hopper-train
 grace_period_s=300
 image_user=${LAUNCH_IMAGE_USER:-1000:1000}
 gpus=${LAUNCH_GPUS:-none}
+fabric_name=pcie
 rdma_fabric=0
 
 note() { printf 'launch-docker: %s\n' "$*" >&2; }
@@ -151,7 +152,7 @@ if [[ "$gpus" != none || "$rdma_fabric" == 1 ]]; then
   hard_memlock=$(ulimit -H -l)
   if ((limited)) && [[ "$hard_memlock" != unlimited ]]; then
     if [[ "$rdma_fabric" == 1 ]]; then
-      die "$limited_why cannot grant --ulimit memlock=-1 (your hard limit: $hard_memlock KiB) and fabric pcie registers memory for RDMA; raise the limit ('<user> hard memlock unlimited' in /etc/security/limits.conf, then log in again) or use a rootful engine"
+      die "$limited_why cannot grant --ulimit memlock=-1 (your hard limit: $hard_memlock KiB) and fabric $fabric_name registers memory for RDMA; raise the limit ('<user> hard memlock unlimited' in /etc/security/limits.conf, then log in again) or use a rootful engine"
     fi
     note "$limited_why: your hard memlock limit is $hard_memlock KiB, so --ulimit memlock=-1 is left out (pinned-memory copies may be slower); 'unlimited' in /etc/security/limits.conf restores it"
     unset 'limit_opts[-1]'
@@ -159,7 +160,7 @@ if [[ "$gpus" != none || "$rdma_fabric" == 1 ]]; then
 fi
 
 # ---- the checkpoint directory on the host: created here and writable by the user the
-# container runs as (the image's user 1000:1000 unless said otherwise below) ----
+# container runs as (the image's user unless said otherwise below) ----
 user_opts=()
 created=0
 if [[ ! -d "$checkpoint_dir" ]]; then
