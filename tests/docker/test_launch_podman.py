@@ -153,3 +153,60 @@ def test_podman_stop_by_name_keeps_preemption_checkpoint_then_resume(tmp_path, c
     assert rows[-1]["step"] == step + 1
     print(f"podman stop took {stop_s:.1f}s (grace {grace}s, batch {batch}); preemption checkpoint at step {step}; "
           f"resumed to {step + 1}")
+
+
+# Each node of the emulated cluster (tests/cluster/harness.py) runs podman in its own
+# network namespace and hostname; `ip netns exec` gives it a fresh /sys without the cgroup
+# mounts podman needs, so they are mounted again (the host's v1 hierarchies, or cgroup2).
+_CGROUPS_AGAIN = r'''set -e
+if grep -q '^[^ ]* /sys/fs/cgroup cgroup2 ' /proc/1/mounts; then
+  mount -t cgroup2 cgroup2 /sys/fs/cgroup
+else
+  mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup
+  grep -E '^[^ ]+ /sys/fs/cgroup/[^ ]+ cgroup ' /proc/1/mounts | while read -r _ dir _ opts _; do
+    mkdir -p "$dir"; mount -t cgroup -o "$opts" cgroup "$dir"
+  done
+fi
+exec "$@"'''
+
+
+def test_two_nodes_each_container_in_its_node_namespace(tmp_path):
+    """The multi-node script (--network=host) run by podman on node0 and node1 of the
+    emulated cluster: each container is in its node's network namespace, named after the
+    job and node, and the two meet at the c10d rendezvous on node0 (gloo, CPU)."""
+    from cluster.harness import Cluster, kill_tree, skip_reason
+    from cluster.jobs import world_sizes
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    ckpt = tmp_path / "shared-ckpt"  # one host path = a shared filesystem for both nodes
+    steps = 10
+    script = render(tmp_path, "--cpu", "--nnodes", "2", "--nproc-per-node", "1", "--fabric", "ethernet",
+                    "--rdzv-endpoint", "node0:29400", "--name", "two-node", "--checkpoint-dir", str(ckpt),
+                    "--env", "OMP_NUM_THREADS=1", "--grace-period", "60",
+                    "--", *TINY, "--steps", str(steps), "--checkpoint-every", str(steps))
+    names = ["two-node-node0", "two-node-node1"]
+    for name in names:
+        podman("rm", "-f", "-t", "0", name)
+    with Cluster(2) as cluster:
+        procs = [
+            node.popen(["sh", "-c", _CGROUPS_AGAIN, "cgroups", "bash", str(script)],
+                       env={"LAUNCH_CONTAINER_NAME": name}, cwd=str(tmp_path),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for node, name in zip(cluster.nodes, names)
+        ]
+        try:
+            outs = [p.communicate(timeout=420)[0] for p in procs]
+        finally:
+            for p in procs:
+                kill_tree(p)
+            for name in names:
+                podman("rm", "-f", "-t", "0", name)
+    for name, p, out in zip(names, procs, outs):
+        assert p.returncode == 0, f"{name} exited {p.returncode}:\n{out[-4000:]}"
+        assert f"podman run --name {name}" in out
+    run_dir = ckpt / "two-node"
+    rows = [r for r in metrics(run_dir) if "loss" in r]
+    assert rows[-1]["step"] == steps
+    assert steps_of(run_dir) == [steps]
+    assert world_sizes(outs[0] + outs[1]) == [2], outs[0][-3000:]  # one rank per node, one model line
