@@ -344,7 +344,7 @@ def test_hostile_profile_and_fabric_files(sandbox, backend):
     canary = workdir / "CANARY"
     profile, fabric = _hostile_catalog(workdir, canary)
     argv = [backend, "--profile", str(profile), "--fabric", str(fabric), "--nnodes", "2",
-            "--rdzv-endpoint", "node0", "--", "--config", "tiny"]
+            "--rdzv-endpoint", "node0", "--checkpoint-dir", str(workdir / "ckpt"), "--", "--config", "tiny"]
     rc, out, err = run_inproc(argv)
     assert rc == 0, err
     if backend == "k8s":  # names and texts reach comments only: flattened, same document
