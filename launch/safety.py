@@ -224,8 +224,9 @@ def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
 
     if len(text) > limit:
         raise InputError(f"{what}: {len(text)} characters, more than the {limit} allowed")
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # the reader refuses non-printable characters here
         depth = 0
         while loader.check_event():
             event = loader.peek_event()
@@ -239,7 +240,8 @@ def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(f"{what}: malformed YAML{_yaml_where(exc)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
     loader = yaml.SafeLoader(text)
     try:
@@ -287,6 +289,23 @@ def _check_expansion(root, what: str) -> None:
 
 
 # --------------------------------------------------------------------------- output files
+
+# Paths a job must never mount, write checkpoints or a run directory to: the root, system
+# directories and the pseudo/memory file systems (/dev/shm is the shared-memory mount).
+RESERVED_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                  "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/root", "/home")
+RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                  "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
+
+
+def reserved_path(path: str) -> bool:
+    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys..."""
+    import posixpath
+
+    norm = posixpath.normpath(path)
+    norm = "/" if norm == "//" else norm
+    return norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES)
+
 
 
 def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:

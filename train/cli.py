@@ -96,7 +96,8 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
         preflight.check_job(job, preflight.world_size_from_env())
         preflight.check_launcher_env()
         preflight.check_device(job)
-    except ConfigError as exc:
+        preflight.check_data(job)
+    except (ConfigError, DataError) as exc:
         fail(str(exc), 2)
     if flight_recorder:
         os.environ["TORCH_FR_BUFFER_SIZE"] = str(flight_recorder)
@@ -104,14 +105,17 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
     from train.trainer import run, should_resume
 
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
-    lock = rundir.RunLock(out_dir)
+    lock, on_start = rundir.RunLock(out_dir), None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         if is_rank0:  # one process per run holds the lock, for the life of the run
             lock.acquire()
-            rundir.prepare(out_dir, job, should_resume(job, resume), overwrite, allow_config_change,
-                           lambda msg: click.echo(f"[train] {msg}", err=True))
-        summary = run(job, out_dir, resume=resume)
+            event = rundir.prepare(out_dir, job, should_resume(job, resume), overwrite, allow_config_change,
+                                   lambda msg: click.echo(f"[train] {msg}", err=True))
+
+            def on_start() -> None:
+                rundir.write_config(out_dir, job, event)
+        summary = run(job, out_dir, resume=resume, on_start=on_start)
     except (ConfigError, DataError) as exc:
         fail(str(exc), 2)
     except _user_errors() as exc:

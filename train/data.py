@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from launch.safety import InputError, excerpt, read_bounded
+from launch.safety import InputError, atomic_write, excerpt, read_bounded
 
 EMBEDDED_VOCAB = 256
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -74,10 +73,7 @@ def build_embedded_corpus(cache_dir: Path, max_mb: int) -> Path:
     if len(blob) < 1 << 20:
         raise DataError(f"embedded corpus: only {len(blob)} bytes of stdlib source found under {sysconfig.get_paths()['stdlib']}")
     tokens = np.frombuffer(blob, dtype=np.uint8).astype(np.uint16)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as fh:
-        tokens.tofile(fh)
-    os.replace(tmp, path)
+    atomic_write(path, tokens.tobytes(), what="embedded corpus cache")
     return path
 
 
@@ -159,10 +155,9 @@ def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
     """Write a token file + metadata in the format :func:`open_token_file` reads."""
     dtype = "uint16" if vocab_size <= 65536 else "uint32"
     arr = np.asarray(tokens, dtype=_DTYPES[dtype])
-    arr.tofile(path)
-    path.with_suffix(".json").write_text(
-        json.dumps({"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(arr.size)})
-    )
+    atomic_write(path, arr.tobytes(), what="token file")
+    atomic_write(path.with_suffix(".json"),
+                 json.dumps({"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(arr.size)}), what="metadata")
 
 
 @dataclass

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from launch.safety import excerpt
+from launch.safety import excerpt, reserved_path
 
 from train.config import ConfigError, JobConfig
 from train.parallel.config import check_parallel, resolve_mesh
@@ -49,6 +49,9 @@ def check_out_dir(out) -> Path:
     if any(ord(ch) < 0x20 or ch == "\x7f" for ch in text):
         raise ConfigError(f"--out {excerpt(text)}: control characters in a directory name")
     out = Path(text)
+    if reserved_path(os.path.abspath(text)):
+        raise ConfigError(f"--out {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
+                          "be a run directory")
     try:
         if out.is_symlink() and not out.is_dir():
             raise ConfigError(f"--out {excerpt(text)}: a dangling symbolic link")
@@ -112,3 +115,15 @@ def check_device(job: JobConfig) -> None:
     on_cpu = job.train.device == "cpu" or not cuda
     if on_cpu and job.train.precision == "fp16":
         raise ConfigError("train.precision=fp16 needs a CUDA GPU (use bf16 or fp32 on the CPU)")
+
+
+def check_data(job: JobConfig) -> None:
+    """A token file (data.source=file) is opened and checked now: a bad file is a usage
+    error before any directory, lock or process group exists."""
+    if job.data.source != "file":
+        return
+    from train.data import DataError, open_token_file
+
+    _, vocab = open_token_file(Path(job.data.path))
+    if vocab > job.model.vocab_size:
+        raise DataError(f"model.vocab_size: {job.model.vocab_size} is smaller than the data's vocabulary ({vocab})")

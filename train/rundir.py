@@ -44,7 +44,7 @@ RESUME_SAFE_KEYS = (
 )
 
 
-class RunDirBusy(InputError):
+class RunDirBusy(ConfigError):
     """Another run holds the run directory."""
 
 
@@ -234,8 +234,10 @@ def write_config(out_dir: Path, job: JobConfig, event: str) -> None:
 
 
 def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allow_config_change: bool,
-            log) -> None:
-    """Rank 0, under the run lock, before training: refuse or record (see module doc)."""
+            log) -> str:
+    """Rank 0, under the run lock, before training: refuse, or return the event that
+    :func:`write_config` records once training has really started (a run that fails
+    before, e.g. on a bad data file, leaves config.yaml as it was)."""
     earlier = earlier_run_files(out_dir)
     shown = excerpt(str(out_dir))
     if not resuming:
@@ -250,12 +252,11 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
             for name in earlier:
                 os.replace(out_dir / name.rstrip("/"), aside / name.rstrip("/"))
             log(f"--overwrite: moved the earlier run ({', '.join(earlier)}) to {aside}")
-        write_config(out_dir, job, "fresh start")
-        return
+            return f"fresh start (--overwrite: the earlier run is in {aside.name}/)"
+        return "fresh start"
     path = out_dir / CONFIG_NAME
     if not path.exists():
-        write_config(out_dir, job, "resume (no earlier config.yaml)")
-        return
+        return "resume (no earlier config.yaml)"
     try:
         old = load_yaml_file(path, "--out config.yaml")
         if not isinstance(old, dict):
@@ -272,5 +273,4 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
             f"--resume: the config differs from the run in {shown} in what it trains: "
             f"{'; '.join(changes[:3])}{more}; pass --allow-config-change to resume with it anyway"
         )
-    what = f"resume with changes: {'; '.join(changes)}" if changes else "resume (config unchanged)"
-    write_config(out_dir, job, what)
+    return f"resume with changes: {'; '.join(changes)}" if changes else "resume (config unchanged)"

@@ -402,12 +402,17 @@ def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMe
     )
 
 
-def run(job, out_dir: Path, resume: bool = False) -> Summary:
-    """Initialise the process group, train, tear down. Used by ``train run``."""
+def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
+    """Initialise the process group, train, tear down. Used by ``train run``.
+
+    ``on_start()`` runs once the model is built and any checkpoint loaded, before the
+    first step (``train run`` records the start/resume in config.yaml there)."""
     info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder")
     trainer, tear_down = None, True
     try:
         trainer = Trainer(job, info, out_dir, resume=resume)
+        if on_start is not None:
+            on_start()
         trainer._log(trainer.describe())
         return trainer.fit()
     except Exception as exc:
