@@ -18,7 +18,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RANGE=${TORCH_RANGE:-2.7.1 2.10.0}
 DIR=${TORCH_RANGE_DIR:-/var/tmp/hopper-train-torch-range}
 PY=${PYTHON:-python3}
-TESTS=${TORCH_RANGE_TESTS:--q -m "not gpu" -p no:cacheprovider tests/train/test_config.py tests/train/test_model.py tests/train/test_data.py tests/train/test_ddp.py tests/train/test_train_run.py::test_two_process_run_learns_and_writes_metrics tests/parallel/test_parallel_checkpoint.py tests/doctor/test_doctor_driver_cuda.py}
+DEFAULT_TESTS='-q -m "not gpu" -p no:cacheprovider tests/train/test_config.py tests/train/test_model.py tests/train/test_data.py tests/train/test_ddp.py tests/train/test_train_run.py::test_two_process_run_learns_and_writes_metrics tests/parallel/test_parallel_checkpoint.py tests/doctor/test_doctor_driver_cuda.py'
+TESTS=${TORCH_RANGE_TESTS:-$DEFAULT_TESTS}
 mkdir -p "$DIR"
 exec 9>"$DIR/lock"
 flock -w 3600 9
@@ -34,11 +35,12 @@ for version in $RANGE; do
         # the machine's pip constraints may cap torch at the newest version: not ours to pin here
         PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q --disable-pip-version-check "torch==$version"
         PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q --disable-pip-version-check \
-            "$REPO[train,dev]" "torch==$version"
+            "${REPO}[train,dev]" "torch==$version"
         touch "$venv/.installed"
     fi
     echo "==> [torch_range] torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') (venv ready in $((SECONDS - t0))s)"
     t0=$SECONDS
+    args=()
     eval "args=($TESTS)"
     (cd "$REPO" && PYTHONPATH=$REPO PATH="$venv/bin:$PATH" timeout --kill-after=30 1200 \
         "$venv/bin/python" -m pytest "${args[@]}") || rc=1

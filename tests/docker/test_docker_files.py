@@ -168,7 +168,7 @@ def test_torchao_pairing_unknown_for_old_torch() -> None:
 
 
 @pytest.mark.parametrize(
-    "script", ["docker/install.sh", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scripts").glob("container_*.sh"))]
+    "script", ["docker/install.sh", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scripts").glob("*_test.sh"))]
 )
 def test_shellcheck(script: str) -> None:
     shellcheck = _tool("shellcheck")
