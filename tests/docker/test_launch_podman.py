@@ -85,7 +85,7 @@ def test_two_cpu_processes_train_to_completion_fresh_host_dir(tmp_path, containe
     ckpt = tmp_path / "fresh host" / "ckpt"
     script = render(tmp_path, "--cpu", "--nproc-per-node", "2", "--name", container_name,
                     "--checkpoint-dir", str(ckpt), "--grace-period", "60",
-                    "--", *TINY, "--steps", "20", "--checkpoint-every", "20")
+                    "--", *TINY, "--steps", "10", "--checkpoint-every", "10")
     proc = subprocess.run(["bash", str(script)], env=script_env(), capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"podman run --name {container_name}" in proc.stderr
@@ -94,11 +94,11 @@ def test_two_cpu_processes_train_to_completion_fresh_host_dir(tmp_path, containe
     assert (st.st_uid, st.st_gid) == (1000, 1000)
     run_dir = ckpt / container_name  # --out <checkpoint-dir>/<job name>
     rows = [r for r in metrics(run_dir) if "loss" in r]
-    assert rows and rows[-1]["step"] == 20
+    assert rows and rows[-1]["step"] == 10
     times = sorted(r["step_time_s"] for r in rows[1:])
     MEASURED["step16_s"] = times[len(times) // 2]
     assert rows[0].get("world_size", 2) == 2
-    assert steps_of(run_dir) == [20]
+    assert steps_of(run_dir) == [10]
     assert podman("container", "exists", container_name).returncode == 1, "--rm left the container behind"
 
 
