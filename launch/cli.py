@@ -147,12 +147,23 @@ def torchrun_cmd(**options):
 
 @cli.command("docker")
 @job_options
+@click.option("--cpu", is_flag=True,
+              help="CPU variant (a laptop, no GPUs): LAUNCH_GPUS=none by default, workers use gloo.")
 def docker_cmd(**options):
-    """Bash script wrapping torchrun in `docker run` with what NGC containers need."""
+    """Bash script running torchrun in `docker run` / `podman run` with what NGC containers need.
+
+    The script detects the engine (LAUNCH_ENGINE overrides), names the container after
+    the job, creates the checkpoint directory writable for the container and passes
+    LAUNCH_ENGINE_FLAGS to the engine; see docs/launch.md.
+    """
     from launch import scripts
 
-    spec, plan = _prepare(options)
-    _emit(scripts.docker_script(spec, plan, _command_line()), options, executable=True)
+    job, extra = _job_keys(options, ("cpu",))
+    spec, plan = _prepare(job)
+    for message in scripts.docker_warnings(spec):
+        _warn(message)
+    _emit(scripts.docker_script(spec, plan, _command_line(), scripts.DockerOptions(cpu=extra["cpu"])), job,
+          executable=True)
 
 
 SLURM_KEYS = ("partition", "account", "time", "pyxis")

@@ -113,6 +113,12 @@ EXAMPLES: list[tuple[str, str, list[str], list[str]]] = [
          "--image", "hopper-train:blackwell", "--checkpoint-dir", "/srv/checkpoints"],
         ["--config", "350m", "--out", "/srv/checkpoints/rtx-pro-4x", "--resume"],
     ),
+    (
+        "docs/examples/docker-cpu-laptop.sh",
+        "docker",
+        ["--cpu", "--nproc-per-node", "2", "--name", "laptop", "--checkpoint-dir", "/tmp/hopper-train"],
+        ["--config", "tiny", "--steps", "50"],
+    ),
 ]
 
 
