@@ -50,13 +50,17 @@ def variant_overrides(spec: str) -> tuple[str, list[str]]:
     if kind == "powersgd":
         rank = int(arg or 4)
         return f"powersgd r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}"]
+    if kind == "powersgd-torch":  # torch's own powerSGD_hook, for comparison
+        rank = int(arg or 4)
+        return f"powersgd-torch r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}",
+                                             "comm.powersgd_impl=torch"]
     if kind == "topk":
         ratio = float(arg or 0.01)
         return f"topk {ratio * 100:g}%", ["comm.hook=topk", f"comm.topk_ratio={ratio}"]
     if kind == "localsgd":
         period = int(arg or 4)
         return f"localsgd {period}", ["comm.hook=localsgd", f"comm.localsgd_period={period}"]
-    raise ValueError(f"--variants: unknown {spec!r} (none, fp16, bf16, powersgd:R, topk:RATIO, localsgd:PERIOD)")
+    raise ValueError(f"--variants: unknown {spec!r} (none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD)")
 
 
 def timing_window(steps: int, start_iter: int, period: int) -> tuple[int, int]:
