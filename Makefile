@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 # python already has setuptools (NGC images do).
 PIP_FLAGS ?=
 
-.PHONY: help setup demo test lint render-k8s clean-venv
+.PHONY: help setup demo test test-cluster lint render-k8s clean-venv
 
 help:  ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -53,6 +53,10 @@ demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GP
 
 test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-cluster: setup  ## emulated multi-node cluster tests (root: netns nodes, torchrun, elastic, real Slurm); apt-installs slurm-wlm/munge/iproute2 if missing
+	bash scripts/cluster_deps.sh
+	$(PY) -m pytest -q -m cluster -p no:cacheprovider --durations=15 tests/cluster $(PYTEST_ARGS)
 
 render-k8s: setup  ## re-render the committed Kubeflow PyTorchJob manifests under k8s/
 	$(PY) -m launch.render_examples
