@@ -74,6 +74,8 @@ class Fabric:
     rdma_resource: RdmaResource | None
     ipc_lock: bool
     notes: tuple[str, ...]
+    busbw_GBps: float | None = None  # declared all-reduce busbw of a healthy fabric (preflight gate)
+    busbw_why: str = ""
 
     @property
     def multi_node(self) -> bool:
@@ -222,6 +224,8 @@ def load_fabric(name: str) -> Fabric:
         else None,
         ipc_lock=k8s.get("ipc_lock", False),
         notes=tuple(data.get("notes", ())),
+        busbw_GBps=float(data["busbw_GBps"]["value"]) if "busbw_GBps" in data else None,
+        busbw_why=" ".join(data["busbw_GBps"]["why"].split()) if "busbw_GBps" in data else "",
     )
 
 

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from launch.safety import InputError, StrictInt, one_line
+from launch.safety import InputError, StrictFloat, StrictInt, one_line
 from launch.spec import DEFAULT_CHECKPOINT_DIR, DEFAULT_ENTRYPOINT, DEFAULT_GRACE_PERIOD_S, DEFAULT_RDZV_PORT, SpecError
 
 PROG = "launch"
@@ -88,6 +88,14 @@ def job_options(func):
         click.option("--grace-period", type=StrictInt(30, 7 * 24 * 3600), default=DEFAULT_GRACE_PERIOD_S,
                      show_default=True,
                      help="Seconds between SIGTERM and SIGKILL (checkpoint on preemption)."),
+        click.option("--preflight", is_flag=True,
+                     help="Before training, every node runs `train preflight` (doctor facts, per-node link "
+                          "bandwidth, all-reduce vs the fabric's declared busbw); the job stops, naming the "
+                          "slow or broken node, when one is below --preflight-min-fraction. Off by default."),
+        click.option("--preflight-min-fraction", type=StrictFloat(0.0), default=None, metavar="F",
+                     help="Fraction of the expected bandwidth a node must reach (default 0.5)."),
+        click.option("--preflight-busbw", type=StrictFloat(0.0), default=None, metavar="GB/s",
+                     help="Expected all-reduce busbw instead of the fabric YAML's busbw_GBps."),
         click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAIN_ARGS...]"),
     ]
     for option in reversed(options):

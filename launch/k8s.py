@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launch.commandline import training_args
+from launch.commandline import preflight_train_args, training_args
 from launch.envplan import EnvPlan
 from launch.render import header_lines, render
 from launch.spec import JobSpec, SpecError, check_env_name, check_unique_env, parse_quantity
@@ -223,6 +223,7 @@ def pytorchjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> 
         image=spec.image,
         node_selector=node_selector,
         args=training_args(spec),
+        preflight=preflight_script(spec),
         env=plan.variables,
         secret_env=opts.secret_env,
         rdma=_rdma(spec, opts),
@@ -233,4 +234,26 @@ def pytorchjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> 
         container=CONTAINER_NAME,
         port_name=PORT_NAME,
         gpu_resource=GPU_RESOURCE,
+    )
+
+
+def preflight_script(spec: JobSpec) -> str | None:
+    """--preflight in a pod: ``bash -c SCRIPT launch-preflight TRAIN_ARGS...`` runs ``train
+    preflight`` through torchrun (the operator's PET_* variables give it the nodes) on the
+    rendezvous port + 1, then execs the training torchrun with the pod's args."""
+    if not spec.preflight.enabled:
+        return None
+    import shlex
+
+    check = " ".join(shlex.quote(a) for a in preflight_train_args(spec))
+    rid = shlex.quote(f"{spec.rdzv.id}-preflight")
+    return (
+        "set -euo pipefail; "
+        'if [[ -n "${PET_RDZV_ENDPOINT:-}" ]]; then '
+        'pf=(--rdzv-endpoint "${PET_RDZV_ENDPOINT%:*}:$((${PET_RDZV_ENDPOINT##*:} + 1))" '
+        f"--rdzv-id {rid} --max-restarts 0); "
+        f'else pf=(--master-port "$((${{PET_MASTER_PORT:-{spec.rdzv.port}}} + 1))"); fi; '
+        f'torchrun "${{pf[@]}}" {check} || '
+        '{ echo "launch: preflight failed (see above): not starting training" >&2; exit 3; }; '
+        'exec torchrun "$@"'
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launch.commandline import Shell, launcher_args, training_args
+from launch.commandline import Shell, launcher_args, preflight_launcher_args, preflight_train_args, training_args
 from launch.envplan import EnvPlan
 from launch.render import Quoted, group_args, header_lines, render
 from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token
@@ -53,9 +53,28 @@ def _torchrun_groups(spec: JobSpec, endpoint: str, rdzv_id: str) -> list[list[st
     return group_args(launcher_args(spec, endpoint, rdzv_id))
 
 
+def _preflight(spec: JobSpec, rdzv_id) -> dict:
+    """Template context of --preflight (empty when off)."""
+    if not spec.preflight.enabled:
+        return {"preflight": None}
+    # a shell expression such as "$SLURM_JOB_ID" gets the suffix inside its quotes
+    pid = Shell(rdzv_id[:-1] + '-preflight"') if isinstance(rdzv_id, Shell) else f"{rdzv_id}-preflight"
+    busbw = spec.preflight.busbw_GBps or spec.fabric.busbw_GBps
+    source = ("--preflight-busbw" if spec.preflight.busbw_GBps else
+              f"fabric {spec.fabric.name}: {spec.fabric.busbw_why}" if spec.fabric.busbw_GBps else
+              "no declared busbw: nodes are compared with each other")
+    return {"preflight": {
+        "torchrun_groups": group_args(preflight_launcher_args(spec, Shell('"$preflight_endpoint"'), pid)),
+        "train_groups": group_args(preflight_train_args(spec)),
+        "expect": f"{busbw:g} GB/s ({source})" if busbw else source,
+        "fraction": f"{spec.preflight.min_fraction:g}",
+    }}
+
+
 def torchrun_script(spec: JobSpec, plan: EnvPlan, command: str) -> str:
     ctx = _common(spec, plan, command)
     ctx["torchrun_groups"] = _torchrun_groups(spec, Shell('"$rdzv_endpoint"'), spec.rdzv.id)
+    ctx.update(_preflight(spec, spec.rdzv.id))
     return render("torchrun.sh.j2", **ctx)
 
 
@@ -85,6 +104,7 @@ def docker_script(spec: JobSpec, plan: EnvPlan, command: str) -> str:
         image=spec.image,
         flags=docker_flags(spec),
         torchrun_groups=_torchrun_groups(spec, Shell('"$rdzv_endpoint"'), spec.rdzv.id),
+        **_preflight(spec, spec.rdzv.id),
     )
     return render("docker.sh.j2", **ctx)
 
@@ -145,6 +165,7 @@ def slurm_script(spec: JobSpec, plan: EnvPlan, command: str, opts: SlurmOptions)
         port=spec.rdzv.port,
         srun_flags=srun_flags(spec, opts),
         torchrun_groups=_torchrun_groups(spec, Shell('"$rdzv_endpoint"'), Shell('"$SLURM_JOB_ID"')),
+        **_preflight(spec, Shell('"$SLURM_JOB_ID"')),
     )
     return render("slurm.sbatch.j2", **ctx)
 

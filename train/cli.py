@@ -137,5 +137,9 @@ from train.doctor import doctor  # noqa: E402
 
 main.add_command(doctor)
 
+from train.nodecheck import preflight_cmd  # noqa: E402
+
+main.add_command(preflight_cmd)
+
 if __name__ == "__main__":  # pragma: no cover
     main()
