@@ -15,9 +15,9 @@ Run by torchrun across the same nodes as the training, one rendezvous
    ring neighbours, both ways round the ring (for 2 nodes: both directions at once),
    and each receiver times its receive: the bandwidth of every ordered pair
    src -> dst that the ring covers. A node is *slow* when its best outgoing or its best
-   incoming pair is below the threshold (all its links are slow, not one partner's), and
-   with two nodes, where every pair involves both, the sender of a slow direction is
-   named (rate limits act on egress).
+   incoming pair is below the threshold (all its links are slow, not one partner's). With
+   two nodes every pair involves both: the sender of a slow direction is named (rate
+   limits act on egress); when both directions are slow, both nodes are named.
 3. **All-reduce** across every process, busbw as nccl-tests (``train.comm.bandwidth``).
 
 Threshold: ``--min-fraction`` x ``--expect-busbw`` (the busbw the fabric YAML declares,
@@ -157,9 +157,13 @@ def verdict(result: dict, expect_busbw: float | None, fraction: float) -> dict:
         threshold, basis = 0.0, "one node: no links to compare"
     slow: dict[str, str] = {}
     if len(leaders) == 2:
-        for p in pairs:
-            if p["GBps"] < threshold:
-                slow[p["src_host"]] = f"sends to {p['dst_host']} at {p['GBps']:.3g} GB/s"
+        bad = [p for p in pairs if p["GBps"] < threshold]
+        for p in bad:  # one slow direction: its sender (rate limits act on egress)
+            slow[p["src_host"]] = f"sends to {p['dst_host']} at {p['GBps']:.3g} GB/s"
+        if len(bad) == 2:  # both ways slow: two nodes cannot tell which end it is
+            slow = {f"{bad[0]['src_host']} or {bad[0]['dst_host']}":
+                    "the link between them is slow both ways (" +
+                    ", ".join(f"{p['src_host']} -> {p['dst_host']} {p['GBps']:.3g} GB/s" for p in bad) + ")"}
     else:
         for r in leaders:
             out = [p for p in pairs if p["src"] == r]
