@@ -39,7 +39,7 @@ DELAY_US=${SLOWLINK_DELAY_US:-50}
 RATES=${SLOWLINK_RATES:-"none 25gbit 10gbit"}
 BENCH_RATE=${SLOWLINK_BENCH_RATE:-10gbit}
 VARIANTS=${SLOWLINK_VARIANTS:-none,powersgd:4,powersgd-torch:4,localsgd:4}
-MORE_VARIANTS=${SLOWLINK_MORE_VARIANTS:-powersgd:1,powersgd:8,topk:0.01}
+MORE_VARIANTS=${SLOWLINK_MORE_VARIANTS-powersgd:1,powersgd:8,topk:0.01}  # empty: skip this step
 MAX_BYTES=${SLOWLINK_MAX_BYTES:-1G}
 EXTRA_SET=${SLOWLINK_SET:-}   # e.g. "train.batch_size=2 train.seq_len=64" (space-separated KEY=VALUE)
 CPU=${SLOWLINK_CPU:-0}
