@@ -195,6 +195,13 @@ if rows:
         ok = best["_sp"] >= 3 and abs(best["_dl"]) <= 3
         print(f"\nGoal (PowerSGD >= 3x at loss within 3% of uncompressed): {'MET' if ok else 'NOT MET'} "
               f"(best: {best['variant']} {best['_sp']:.2f}x, loss {best['_dl']:+.2f}%)")
+    if base:
+        compute = base["step_ms"] - base["exposed_comm_ms"]
+        for r in ps:
+            k = (r["step_ms"] - r["exposed_comm_ms"] - compute) / compute
+            print(f"- {r['variant']}: compression compute overhead K = {k:.2f} of the step's compute "
+                  f"({compute:.1f} ms) -> train/comm/advice.py COMPUTE_OVERHEAD (GPU runs only: on CPU, "
+                  "communication threads share the cores with compute)")
     print("\nMade by `OUT=... bash scripts/gpu/slowlink.sh`; the bench commands (run as a 2-node torchrun, "
           "one node per namespace):")
     for c in commands:

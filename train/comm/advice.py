@@ -36,9 +36,11 @@ Choosing the fastest gives the thresholds (one table, :data:`THRESHOLDS`):
 * rho >= 1.2: **PowerSGD (r = 4)**: 1/165 of the bytes; its fixed compute cost is
   repaid. Warm-up of 10 plain steps (``comm.powersgd_start_iter``) before it starts.
 
-K = 0.3 is the overhead of our sync-free hook; torch's hook, with a device synchronize
-per bucket, measured K ~ 1 on NVLink (220 vs 109 ms/step), which would move the second
-threshold to 4.1.
+K = 0.3 is an assumption for our sync-free hook, not yet a measurement:
+``scripts/gpu/slowlink.sh`` prints K for each PowerSGD variant (step time minus exposed
+communication minus the uncompressed step's compute, over that compute); set
+COMPUTE_OVERHEAD from it. torch's hook, with a device synchronize per bucket, measured
+K ~ 1 on NVLink (220 vs 109 ms/step), which would move the second threshold to 4.1.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ OVERLAP = 0.5  # fraction of the step's compute that hides the gradient all-redu
 LOCALSGD_PERIOD = 4
 POWERSGD_RANK = 4
 POWERSGD_RATIO = 165.0  # bytes(uncompressed) / bytes(PowerSGD r=4), 350m (docs/communication.md)
-COMPUTE_OVERHEAD = 0.3  # PowerSGD compression compute / step compute (our hook)
+COMPUTE_OVERHEAD = 0.3  # PowerSGD compression compute / step compute (our hook): assumed, see above
 
 REF_TFLOPS = 0.4 * 989.0  # achieved per GPU: H100/H200 bf16 dense peak at MFU 0.4
 REF_TOKENS = 8192  # tokens per GPU per step (batch 4 x 2048)
