@@ -4,7 +4,7 @@
 # it), NCCL forced onto sockets across it. Then: `train bench comm` (all_reduce busbw and
 # the none/LocalSGD/PowerSGD recommendation) unshaped, at 25 and at 10 Gbit/s, and
 # `train bench compression` at 10 Gbit/s (uncompressed vs PowerSGD r=4 (ours and torch's
-# hook), LocalSGD 4; then PowerSGD r=1, r=8 and Top-K 1% as time allows), loss after the
+# hook), LocalSGD 4; then PowerSGD r=8, Top-K 1% and PowerSGD r=1 as time allows), loss after the
 # same number of steps.
 #
 #     OUT=/some/dir bash scripts/gpu/slowlink.sh        # repo root, root user, 2 GPUs
@@ -38,8 +38,8 @@ START=${SLOWLINK_START_ITER:-5}
 DELAY_US=${SLOWLINK_DELAY_US:-50}
 RATES=${SLOWLINK_RATES:-"none 25gbit 10gbit"}
 BENCH_RATE=${SLOWLINK_BENCH_RATE:-10gbit}
-VARIANTS=${SLOWLINK_VARIANTS:-none,powersgd:4,powersgd-torch:4,localsgd:4}
-MORE_VARIANTS=${SLOWLINK_MORE_VARIANTS-powersgd:1,powersgd:8,topk:0.01}  # empty: skip this step
+VARIANTS=${SLOWLINK_VARIANTS-none,powersgd:4,powersgd-torch:4,localsgd:4}  # empty: skip this step
+MORE_VARIANTS=${SLOWLINK_MORE_VARIANTS-powersgd:8,topk:0.01,powersgd:1}  # empty: skip this step
 MAX_BYTES=${SLOWLINK_MAX_BYTES:-1G}
 EXTRA_SET=${SLOWLINK_SET:-}   # e.g. "train.batch_size=2 train.seq_len=64" (space-separated KEY=VALUE)
 CPU=${SLOWLINK_CPU:-0}
@@ -127,7 +127,7 @@ for rate in $RATES; do
 done
 
 "$PY" scripts/netns_pair.py shape --prefix "$PREFIX" --rate "$BENCH_RATE" --delay-us "$DELAY_US" > /dev/null 2>> "$LOG"
-pair "compression_$BENCH_RATE" 330 60 bench compression --preset "$PRESET" --steps "$STEPS" --start-iter "$START" \
+[ -z "$VARIANTS" ] || pair "compression_$BENCH_RATE" 330 60 bench compression --preset "$PRESET" --steps "$STEPS" --start-iter "$START" \
     --loss-window 10 --variants "$VARIANTS" --runs-dir "$WORK/runs" --out "$WORK" --name "compression_$BENCH_RATE" \
     "${sets[@]}"
 [ -z "$MORE_VARIANTS" ] || pair "compression_${BENCH_RATE}_more" 200 45 bench compression --preset "$PRESET" --steps "$STEPS" --start-iter "$START" \
