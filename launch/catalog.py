@@ -46,6 +46,7 @@ class Profile:
     gpus_per_node: int
     memory_gb: int | None
     cpu_arch: str
+    cpus_per_node: int | None
     interconnect: str
     nvlink: bool
     nvswitch: bool
@@ -186,6 +187,7 @@ def load_profile(name: str) -> Profile:
         gpus_per_node=gpu["gpus_per_node"],
         memory_gb=gpu.get("memory_gb"),
         cpu_arch=data["cpu_arch"],
+        cpus_per_node=data.get("cpus_per_node"),
         interconnect=link["summary"],
         nvlink=link["nvlink"],
         nvswitch=link["nvswitch"],

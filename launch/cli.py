@@ -143,14 +143,20 @@ def cli() -> None:
     """
 
 
+VENV_OPTION = click.option("--venv", default=None, metavar="DIR",
+                           help="Virtual environment whose bin/ (torchrun, python) the script puts first on PATH.")
+
+
 @cli.command("torchrun")
 @job_options
+@VENV_OPTION
 def torchrun_cmd(**options):
     """Bash script running torchrun (standalone, or c10d rendezvous on every node)."""
     from launch import scripts
 
+    venv = scripts.parse_venv(options.pop("venv"))
     spec, plan = _prepare(options)
-    _emit(scripts.torchrun_script(spec, plan, _command_line()), options, executable=True)
+    _emit(scripts.torchrun_script(spec, plan, _command_line(), venv), options, executable=True)
 
 
 @cli.command("docker")
@@ -163,7 +169,7 @@ def docker_cmd(**options):
     _emit(scripts.docker_script(spec, plan, _command_line()), options, executable=True)
 
 
-SLURM_KEYS = ("partition", "account", "time", "pyxis")
+SLURM_KEYS = ("partition", "account", "time", "pyxis", "gpu_gres", "venv")
 
 
 @cli.command("slurm")
@@ -172,6 +178,10 @@ SLURM_KEYS = ("partition", "account", "time", "pyxis")
 @click.option("--account", default=None)
 @click.option("--time", default=None, help="Wall-clock limit, Slurm syntax (e.g. 24:00:00).")
 @click.option("--pyxis", is_flag=True, help="Run inside --image with pyxis/enroot (srun --container-image).")
+@click.option("--gpu-gres", default="gpu", show_default=True, metavar="NAME|none",
+              help="GPU request: gpu (--gpus-per-node), another GRES such as gpu:h100 (--gres), "
+                   "or none (CPU-only cluster).")
+@VENV_OPTION
 def slurm_cmd(**options):
     """sbatch script: one task per node running torchrun, rendezvous on the first node."""
     from launch import scripts

@@ -56,6 +56,7 @@ PROFILE_SCHEMA = {
             },
         },
         "cpu_arch": {"enum": ["amd64", "arm64"]},
+        "cpus_per_node": {"type": "integer", "minimum": 1},
         "interconnect": {
             "type": "object",
             "additionalProperties": False,
