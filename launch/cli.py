@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from launch.safety import InputError, StrictFloat, StrictInt, one_line
+from launch.safety import InputError, StrictFloat, StrictInt, harden_click, one_line
 from launch.spec import DEFAULT_CHECKPOINT_DIR, DEFAULT_ENTRYPOINT, DEFAULT_GRACE_PERIOD_S, DEFAULT_RDZV_PORT, SpecError
 
 PROG = "launch"
@@ -280,6 +280,8 @@ def profiles_cmd():
         f = catalog.load_fabric(name)
         click.echo(f"  {name:<14} {f.description} [{f.scope}]")
 
+
+harden_click(cli)  # any numeric option added later is ASCII-only, bounded and finite too
 
 # --------------------------------------------------------------------------- entry point
 

@@ -19,6 +19,7 @@ same code without an upward import: ``train`` imports it, never the other way ro
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -109,6 +110,7 @@ def parse_finite_float(what: str, value: object) -> float:
     return value
 
 
+@functools.lru_cache(maxsize=1)
 def _click_types():
     import click
 
@@ -142,6 +144,30 @@ def _click_types():
             return number
 
     return StrictInt, StrictFloat
+
+
+def harden_click(command) -> None:
+    """Give every integer/float parameter of ``command`` (and its subcommands) the strict
+    types: a new ``type=int`` option is ASCII-only, bounded and finite by construction."""
+    import click
+
+    strict_int, strict_float = _click_types()
+    commands = [command]
+    while commands:
+        cmd = commands.pop()
+        commands.extend(getattr(cmd, "commands", {}).values())
+        for param in cmd.params:
+            t = param.type
+            if isinstance(t, click.IntRange):
+                lo = None if t.min is None else t.min + (1 if t.min_open else 0)
+                hi = None if t.max is None else t.max - (1 if t.max_open else 0)
+                param.type = strict_int(lo, hi)
+            elif isinstance(t, click.types.IntParamType):
+                param.type = strict_int(-(2**63), 2**63 - 1)
+            elif isinstance(t, click.FloatRange):
+                param.type = strict_float(t.min)
+            elif isinstance(t, click.types.FloatParamType):
+                param.type = strict_float()
 
 
 def __getattr__(name: str):  # click types built lazily: this module is imported without click too
@@ -198,8 +224,9 @@ def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
 
     if len(text) > limit:
         raise InputError(f"{what}: {len(text)} characters, more than the {limit} allowed")
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # the reader refuses non-printable characters here
         depth = 0
         while loader.check_event():
             event = loader.peek_event()
@@ -213,7 +240,8 @@ def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(f"{what}: malformed YAML{_yaml_where(exc)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
     loader = yaml.SafeLoader(text)
     try:
@@ -261,6 +289,23 @@ def _check_expansion(root, what: str) -> None:
 
 
 # --------------------------------------------------------------------------- output files
+
+# Paths a job must never mount, write checkpoints or a run directory to: the root, system
+# directories and the pseudo/memory file systems (/dev/shm is the shared-memory mount).
+RESERVED_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                  "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/root", "/home")
+RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                  "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
+
+
+def reserved_path(path: str) -> bool:
+    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys..."""
+    import posixpath
+
+    norm = posixpath.normpath(path)
+    norm = "/" if norm == "//" else norm
+    return norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES)
+
 
 
 def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:

@@ -8,7 +8,6 @@ Nothing in this module knows about hardware: profiles and fabrics are data
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launch.safety import InputError
+from launch.safety import InputError, reserved_path
 
 if TYPE_CHECKING:  # catalog imports this module at run time
     from launch.catalog import Fabric, Profile
@@ -269,15 +268,6 @@ def parse_mount(value: str) -> Mount:
     return Mount(src, dst, read_only=len(parts) == 3 and parts[2] == "ro")
 
 
-# Paths a job must never mount or write checkpoints to: the root, system directories
-# (a host bind mount of /etc or /usr, or a checkpoint volume over them) and the pseudo/
-# memory file systems every backend sets up itself (/dev/shm is the shared-memory mount).
-RESERVED_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
-                  "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/root", "/home")
-RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
-                  "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
-
-
 def check_path(option: str, path: str) -> str:
     reject_control_chars(option, path)
     if not path.startswith("/"):
@@ -288,9 +278,7 @@ def check_path(option: str, path: str) -> str:
         raise SpecError(f"{option} {path!r}: '.' and '..' components are not allowed")
     if len(path) > 4096:
         raise SpecError(f"{option}: path longer than 4096 characters")
-    norm = posixpath.normpath(path)
-    norm = "/" if norm == "//" else norm
-    if norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES):
+    if reserved_path(path):
         raise SpecError(
             f"{option} {path!r}: a system directory (or /dev/shm, /proc...) cannot be mounted or used "
             "for checkpoints; use a directory of its own, e.g. /checkpoints or /data"
