@@ -167,10 +167,14 @@ def slurm_memory(quantity: str) -> str:
     return f"{max(1, -(-int(value) // 2**20))}M"
 
 
+# plain tokens plus '%' (sbatch's own filename patterns such as --output=%x-%j.out)
+_DIRECTIVE_TOKEN = re.compile(r"[A-Za-z0-9=^_.,:/+@%-]+")
+
+
 def _directive(text: str) -> Quoted:
     """An #SBATCH line is parsed by sbatch, not by bash: only plain tokens go there."""
-    if not _SAFE_TOKEN.fullmatch(text):
-        raise SpecError(f"#SBATCH {text!r}: only letters, digits and =^_.,:/+@- are allowed")
+    if not _DIRECTIVE_TOKEN.fullmatch(text):
+        raise SpecError(f"#SBATCH {text!r}: only letters, digits and =^_.,:/+@-% are allowed")
     return Quoted(text)
 
 

@@ -151,11 +151,11 @@ main.add_command(bench)
 from train.doctor import doctor  # noqa: E402
 
 main.add_command(doctor)
-harden_click(main)  # every INT/FLOAT option of every command: ASCII digits, finite, bounded
 
 from train.nodecheck import preflight_cmd  # noqa: E402
 
 main.add_command(preflight_cmd)
+harden_click(main)  # every INT/FLOAT option of every command: ASCII digits, finite, bounded
 
 if __name__ == "__main__":  # pragma: no cover
     main()

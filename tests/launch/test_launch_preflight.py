@@ -35,7 +35,7 @@ def test_shell_backends_run_the_preflight_before_training(backend, nodes, tmp_pa
     text = render([backend, *nodes, "--preflight", "--", "--config", "tiny"])
     plain = render([backend, *nodes, "--", "--config", "tiny"])
     assert "preflight" not in plain  # off by default
-    assert text.index("preflight_cmd=(") < text.index("\nexec ")
+    assert text.index("preflight_cmd=(") < text.rindex("\"${train_cmd[@]}\"")  # before the training runs
     assert "  -m train\n  preflight\n  --min-fraction 0.5\n" in text
     expect = "1" if nodes else None
     if expect:
