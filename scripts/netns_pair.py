@@ -63,7 +63,7 @@ def _shape(ns_name: str, link: str, rate: str | None, delay_us: float) -> dict:
         parent = None
         if delay_us > 0:
             try:
-                ns.tc("add", "netem", idx, handle="1:", delay=int(delay_us))
+                ns.tc("add", "netem", idx, handle="1:", delay=int(delay_us), limit=100_000)
                 applied["delay_us"] = float(delay_us)
                 parent = "1:1"
             except NetlinkError as exc:  # no sch_netem in this kernel
@@ -76,7 +76,14 @@ def _shape(ns_name: str, link: str, rate: str | None, delay_us: float) -> dict:
             burst = max(1 << 16, bits // 8 // 250)
             kw = {"rate": f"{bits}bit", "burst": burst, "latency": 20_000}
             if parent:
-                ns.tc("add", "tbf", idx, parent=parent, handle="10:", **kw)
+                try:
+                    ns.tc("add", "tbf", idx, parent=parent, handle="10:", **kw)
+                except NetlinkError as exc:  # keep the rate, which matters more than the delay
+                    ns.tc("del", index=idx, root=True)
+                    ns.tc("add", "tbf", idx, handle="1:", **kw)
+                    applied["delay_us"] = 0.0
+                    applied["delay_note"] = f"tbf under netem failed ({exc.args[-1]}): rate only, no delay"
+                    log.warning("%s: %s", ns_name, applied["delay_note"])
             else:
                 ns.tc("add", "tbf", idx, handle="1:", **kw)
     return applied
