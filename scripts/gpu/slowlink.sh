@@ -171,6 +171,8 @@ for name in (f"compression_{rate}", f"compression_{rate}_more"):
         continue
     meta = d["meta"]
     commands.append(meta.get("command"))
+    if meta.get("partial"):
+        print(f"\n(`{name}` stopped at its time limit: {meta['partial']} finished)")
     for r in d["rows"]:
         rows.append(r)
         if r["variant"] == "none" and r.get("step_ms"):
