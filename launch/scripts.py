@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from launch.commandline import Shell, launcher_args, preflight_launcher_args, preflight_train_args, training_args
 from launch.envplan import EnvPlan
 from launch.render import Quoted, group_args, header_lines, render
-from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token, reject_control_chars
+from launch.spec import JobSpec, SpecError, parse_safe_token, reject_control_chars
 
 DOCKER_BASE_FLAGS = (
     ("--rm", "remove the container when training exits"),
