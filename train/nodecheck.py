@@ -12,8 +12,8 @@ Run by torchrun across the same nodes as the training, one rendezvous
    process per node, gathered to rank 0 with the hostname. A node whose check finds a
    problem (CUDA present but unusable, NCCL missing, ...) is *broken*.
 2. **Per-node links**: one process per node (its local rank 0) sends ``--bytes`` to its
-   ring neighbours, both ways round the ring (for 2 nodes: both directions at once),
-   and each receiver times its receive: the bandwidth of every ordered pair
+   ring neighbours, both ways round the ring (for 2 nodes: both directions), one pair at
+   a time, and each receiver times its receive: the bandwidth of every ordered pair
    src -> dst that the ring covers. A node is *slow* when its best outgoing or its best
    incoming pair is below the threshold (all its links are slow, not one partner's). With
    two nodes every pair involves both: the sender of a slow direction is named (rate
@@ -61,29 +61,26 @@ def _facts(local_rank: int) -> dict:
     return facts
 
 
-def _ring_round(dist, leaders: list[int], me: int, buf, recv, step: int, iters: int, device) -> list[float]:
-    """Leaders send ``buf`` to the leader ``step`` places on and receive from the one
-    ``step`` places back, all at once; returns this leader's receive times (seconds)."""
-    m = len(leaders)
-    i = leaders.index(me)
-    dst, src = leaders[(i + step) % m], leaders[(i - step) % m]
+def _transfer(dist, src: int, dst: int, me: int, buf, recv, iters: int, device, group) -> float | None:
+    """``src`` sends ``buf`` to ``dst`` while every other leader waits; the receiver's median
+    seconds per transfer (None on the other ranks). One pair at a time: two transfers at once
+    would share a slow egress with the other's TCP acknowledgements and blur which end is slow."""
+    import torch
+
     times = []
-    for _ in range(iters):
-        ops = [dist.P2POp(dist.isend, buf, dst), dist.P2POp(dist.irecv, recv, src)]
+    for i in range(iters + 1):  # the first moves 64 KiB: connection set-up, not timed
+        dist.barrier(group=group)
+        data = (buf if i else buf[:16384]) if me == src else (recv if i else recv[:16384])
         t0 = time.perf_counter()
-        reqs = dist.batch_isend_irecv(ops)
-        reqs[1].wait()
-        if device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        reqs[0].wait()
-    return times
-
-
-def _median_over_iters(times: list[float]) -> float:
-    return statistics.median(times) if times else float("nan")
+        if me == src:
+            dist.send(data, dst)
+        elif me == dst:
+            dist.recv(data, src)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) if me == dst else None
 
 
 def measure(info, nbytes: int, iters: int) -> dict:
@@ -104,14 +101,14 @@ def measure(info, nbytes: int, iters: int) -> dict:
         if info.rank in leaders:
             buf = torch.ones(count, dtype=torch.float32, device=info.device)
             recv = torch.empty_like(buf)
-            small, small_recv = buf[:16384], recv[:16384]
-            steps = [1] if len(leaders) == 2 else [1, -1]
+            m = len(leaders)
+            steps = [1] if m == 2 else [1, -1]  # ring neighbours both ways (2 nodes: both directions)
             for step in steps:
-                _ring_round(dist, leaders, info.rank, small, small_recv, step, 1, info.device)  # connect
-                dist.barrier(group=group)
-                t = _median_over_iters(_ring_round(dist, leaders, info.rank, buf, recv, step, iters, info.device))
-                i = leaders.index(info.rank)
-                pairs[(leaders[(i - step) % len(leaders)], info.rank)] = t
+                for k in range(m):
+                    src, dst = leaders[k], leaders[(k + step) % m]
+                    t = _transfer(dist, src, dst, info.rank, buf, recv, iters, info.device, group)
+                    if t is not None:
+                        pairs[(src, dst)] = t
         tdist.barrier(info)
     gathered: list = [None] * info.world_size
     dist.all_gather_object(gathered, pairs)
@@ -209,6 +206,19 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _report(result: dict, v: dict, elapsed: float, json_path) -> None:
+    click.echo(_table(result))
+    click.echo(f"preflight took {elapsed:.1f} s (after process start)")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = json_path.with_name(f".{json_path.name}.tmp")
+        tmp.write_text(json.dumps({**result, "verdict": v, "seconds": elapsed}, indent=1))
+        os.replace(tmp, json_path)
+    click.echo(v["line"], err=v["code"] != EXIT_OK)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 @click.command("preflight")
 @click.option("--expect-busbw", type=float, default=None,
               help="All-reduce busbw (GB/s) the fabric should give (launch passes the fabric YAML's busbw_GBps).")
@@ -251,7 +261,11 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
 
     try:
         result = measure(info, size, iters)
-        v = verdict(result, expect_busbw, min_fraction) if info.is_main else None
+        v = None
+        if info.is_main:  # report first: once the verdict is out, the other nodes exit and a
+            # launcher (srun --kill-on-bad-exit, torchrun) may stop this process at once
+            v = verdict(result, expect_busbw, min_fraction)
+            _report(result, v, time.perf_counter() - t0, json_path)
         box = [v]
         dist.broadcast_object_list(box, src=0)
         v = box[0]
@@ -260,14 +274,4 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
              f"{' '.join(str(exc).split())[:300]}", EXIT_BROKEN)
     finally:
         tdist.shutdown()
-    elapsed = time.perf_counter() - t0
-    if info.is_main:
-        click.echo(_table(result))
-        click.echo(f"preflight took {elapsed:.1f} s (after process start)")
-        if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = json_path.with_name(f".{json_path.name}.tmp")
-            tmp.write_text(json.dumps({**result, "verdict": v, "seconds": elapsed}, indent=1))
-            os.replace(tmp, json_path)
-        click.echo(v["line"], err=v["code"] != EXIT_OK)
     sys.exit(v["code"])

@@ -88,3 +88,39 @@ def test_healthy_nodes_pass_into_training_and_the_cost_is_reported(cluster, tmp_
     with capsys.disabled():
         print(f"\n[preflight cost] {whole.group(1)} s for the preflight torchrun (start, rendezvous, check; "
               f"the check itself {took.group(1)} s); whole job with 5 training steps {wall:.1f} s")
+
+
+def test_slurm_job_with_preflight_stops_before_training_naming_the_node(cluster, tmp_path):
+    """The rendered `launch slurm --preflight` script under the real Slurm of the harness: srun runs
+    the check on both nodes first; node1 throttled -> the job fails with exit code 3, log names it."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from cluster.jobs import REPO
+    from cluster.slurm import Slurm, slurm_missing
+
+    if slurm_missing():
+        pytest.skip(slurm_missing())
+    profile = yaml.safe_load((REPO / "launch" / "profiles" / "generic.yaml").read_text())
+    profile.update(description="emulated cluster node: 2 CPU cores, 1 training process", cpus_per_node=2)
+    profile["gpu"]["gpus_per_node"] = 1
+    (cluster.workdir / "node.yaml").write_text(yaml.safe_dump(profile))
+    run_dir = cluster.workdir / "run_slurm"
+    script = render("slurm", ["--profile", str(cluster.workdir / "node.yaml"), "--nnodes", "2", "--name", "pfs",
+                              "--fabric", "ethernet", "--gpu-gres", "none", "--venv", str(Path(sys.executable).parents[1]),
+                              "--env", "OMP_NUM_THREADS=1", "--preflight", "--preflight-busbw", "0.1"],
+                    [*TRAIN, "--out", str(run_dir)], cluster.workdir / "pfs.sbatch")
+    cluster.shape(cluster.node("node1"), rate="100mbit", both=False)
+    slurm = Slurm(cluster)
+    try:
+        jobid = slurm.sbatch(script, env=job_env(), cwd=str(cluster.workdir))
+        info = slurm.wait_state(jobid, {"FAILED", "COMPLETED"}, timeout=200, fail_states=())
+        log = (cluster.workdir / f"pfs-{jobid}.out").read_text(errors="replace")
+    finally:
+        slurm.stop()
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "3:0", (info, log[-3000:])
+    assert "preflight: FAIL (slow node: node1)" in log, log[-3000:]
+    assert "launch: preflight failed (see above): not starting training" in log
+    assert not metrics(run_dir), "training started"
