@@ -226,7 +226,7 @@ def _report(result: dict, v: dict, elapsed: float, json_path) -> None:
               help="A node below this fraction of the expected (or median) bandwidth fails the check.")
 @click.option("--bytes", "nbytes", default="16M", show_default=True, help="Message size per transfer.")
 @click.option("--iters", type=int, default=2, show_default=True, help="Timed transfers per measurement.")
-@click.option("--timeout", "timeout_s", type=int, default=300, show_default=True,
+@click.option("--timeout", "timeout_s", type=int, default=120, show_default=True,
               help="Seconds any collective may take before the check fails.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Write the full report (facts, pairs, all-reduce, verdict) here (rank 0).")
@@ -249,8 +249,14 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
         fail(f"--json {json_path}: is a directory", 2)
 
     from train import dist as tdist
+    from train.doctor import smi_gpus
 
     t0 = time.perf_counter()
+    import torch
+
+    if smi_gpus() and not torch.cuda.is_available():  # would join with gloo while the others use NCCL
+        fail(f"preflight: FAIL (broken node: {socket.gethostname()}): nvidia-smi lists GPUs but torch cannot use "
+             "CUDA (run `train doctor` there)", EXIT_BROKEN)
     try:
         info = tdist.init_distributed("auto", timeout_s)
     except (RuntimeError, ValueError) as exc:
