@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from launch import catalog
@@ -18,6 +19,7 @@ from launch.spec import (
     parse_env_pairs,
     parse_mount,
     parse_name,
+    parse_image,
     parse_nnodes,
     parse_port,
     parse_positive_int,
@@ -46,6 +48,9 @@ def build(o: dict) -> Built:
     warnings: list[str] = []
     profile = catalog.load_profile(o["profile"])
     nodes = parse_nnodes(o["nnodes"])
+    for option in ("fabric", "rdzv_id"):
+        if o.get(option) is not None and not str(o[option]).strip():
+            raise SpecError(f"--{option.replace('_', '-')} is empty")
     fabric_name = o["fabric"] or (
         profile.default_fabric_multi if nodes.multi_node else profile.default_fabric_single
     )
@@ -61,9 +66,9 @@ def build(o: dict) -> Built:
         )
 
     name = parse_name(o["name"])
-    image = reject_control_chars("--image", o["image"] or default_image(profile))
-    if not image.strip():
-        raise SpecError("--image is empty")
+    image = parse_image(default_image(profile) if o["image"] is None else o["image"],
+                        enroot=o.get("image_syntax") == "enroot")
+    allow_nccl = bool(o.get("allow_undocumented_nccl"))
     host, port = parse_endpoint(o["rdzv_endpoint"], parse_port(o["rdzv_port"]))
     rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"] or name))
 
@@ -81,7 +86,7 @@ def build(o: dict) -> Built:
         max_restarts=torchrun_max_restarts(nodes, o["max_restarts"]),
         entrypoint=parse_entrypoint(o["entrypoint"]),
         train_args=tuple(o["train_args"]),
-        env=parse_env_pairs(o["env"]),
+        env=parse_env_pairs(o["env"], allow_nccl),
         mounts=tuple(parse_mount(m) for m in o["mount"]),
         checkpoint_dir=check_path("--checkpoint-dir", o["checkpoint_dir"]),
         resources=Resources(
@@ -96,13 +101,28 @@ def build(o: dict) -> Built:
         ),
         p2p_broken=o["p2p_broken"],
         grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
+        allow_undocumented_nccl=allow_nccl,
     )
+    _check_mount_targets(spec)
     return Built(spec, warnings)
+
+
+def _check_mount_targets(spec: JobSpec) -> None:
+    """Every mount point once: docker and enroot refuse a second mount on the same path."""
+    import posixpath
+
+    seen = {posixpath.normpath(spec.checkpoint_dir): "--checkpoint-dir"}
+    for mount in spec.mounts:
+        target = posixpath.normpath(mount.target)
+        if target in seen:
+            raise SpecError(f"--mount {mount.source}:{mount.target}: {mount.target!r} is already mounted "
+                            f"({seen[target]})")
+        seen[target] = "--mount"
 
 
 def _gid_index(value: str | None) -> str | None:
     if value is None:
         return None
-    if not value.lstrip("-").isdigit() or int(value) < -1:
+    if not re.fullmatch(r"-?[0-9]{1,4}", value) or int(value) < -1:
         raise SpecError(f"--ib-gid-index {value!r}: a GID table index (or -1 for NCCL's auto-selection)")
     return value
