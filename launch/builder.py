@@ -49,6 +49,9 @@ def build(o: dict) -> Built:
     warnings: list[str] = []
     profile = catalog.load_profile(o["profile"])
     nodes = parse_nnodes(o["nnodes"])
+    for option in ("fabric", "rdzv_id"):
+        if o.get(option) is not None and not str(o[option]).strip():
+            raise SpecError(f"--{option.replace('_', '-')} is empty")
     fabric_name = o["fabric"] or (
         profile.default_fabric_multi if nodes.multi_node else profile.default_fabric_single
     )
@@ -102,6 +105,7 @@ def build(o: dict) -> Built:
         allow_undocumented_nccl=allow_nccl,
         preflight=_preflight(o),
     )
+    _check_mount_targets(spec)
     return Built(spec, warnings)
 
 
@@ -118,6 +122,19 @@ def _preflight(o: dict) -> Preflight:
     if not enabled and (o.get("preflight_min_fraction") is not None or busbw is not None):
         raise SpecError("--preflight-min-fraction / --preflight-busbw need --preflight")
     return Preflight(enabled, float(fraction), None if busbw is None else float(busbw))
+
+
+def _check_mount_targets(spec: JobSpec) -> None:
+    """Every mount point once: docker and enroot refuse a second mount on the same path."""
+    import posixpath
+
+    seen = {posixpath.normpath(spec.checkpoint_dir): "--checkpoint-dir"}
+    for mount in spec.mounts:
+        target = posixpath.normpath(mount.target)
+        if target in seen:
+            raise SpecError(f"--mount {mount.source}:{mount.target}: {mount.target!r} is already mounted "
+                            f"({seen[target]})")
+        seen[target] = "--mount"
 
 
 def _gid_index(value: str | None) -> str | None:

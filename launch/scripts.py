@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from launch.commandline import Shell, launcher_args, preflight_launcher_args, preflight_train_args, training_args
 from launch.envplan import EnvPlan
 from launch.render import Quoted, group_args, header_lines, render
-from launch.spec import JobSpec, SpecError, parse_safe_token, reject_control_chars
+from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token, reject_control_chars
 
 DOCKER_BASE_FLAGS = (
     ("--rm", "remove the container when training exits"),
@@ -167,14 +167,10 @@ def slurm_memory(quantity: str) -> str:
     return f"{max(1, -(-int(value) // 2**20))}M"
 
 
-# plain tokens plus '%' (sbatch's own filename patterns such as --output=%x-%j.out)
-_DIRECTIVE_TOKEN = re.compile(r"[A-Za-z0-9=^_.,:/+@%-]+")
-
-
 def _directive(text: str) -> Quoted:
     """An #SBATCH line is parsed by sbatch, not by bash: only plain tokens go there."""
-    if not _DIRECTIVE_TOKEN.fullmatch(text):
-        raise SpecError(f"#SBATCH {text!r}: only letters, digits and =^_.,:/+@-% are allowed")
+    if not _SAFE_TOKEN.fullmatch(text):
+        raise SpecError(f"#SBATCH {text!r}: only letters, digits and =^_.,:/+@- are allowed")
     return Quoted(text)
 
 
@@ -199,12 +195,12 @@ def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[Quoted]:
         "--requeue",
         # One log per job: every attempt (requeue) appends to it after its own header line.
         "--open-mode=append",
-        "--output=%x-%j.out",
+        Quoted("--output=%x-%j.out"),  # a constant: %x job name, %j job id (sbatch patterns)
     ]
     for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)):
         if value:
             directives.append(f"--{flag}={value}")
-    return [_directive(d) for d in directives]
+    return [d if isinstance(d, Quoted) else _directive(d) for d in directives]
 
 
 def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
@@ -213,7 +209,7 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
         (Shell('--ntasks="$SLURM_JOB_NUM_NODES"'), "one torchrun per node"),
         ("--ntasks-per-node=1", "torchrun itself starts --nproc-per-node workers"),
         ("--kill-on-bad-exit=1", "stop the other nodes when one torchrun fails"),
-        (Shell('--cpus-per-task="$SLURM_CPUS_PER_TASK"'),
+        (Shell('--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"'),
          "the job's CPUs for each task: srun >= 22.05 does not inherit --cpus-per-task from sbatch"),
     ]
     if opts.pyxis:
