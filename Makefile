@@ -58,7 +58,7 @@ test-cluster: setup  ## emulated multi-node cluster tests (root: netns nodes, to
 	bash scripts/cluster_deps.sh
 	$(PY) -m pytest -q -m cluster -p no:cacheprovider --durations=15 tests/cluster $(PYTEST_ARGS)
 
-render-k8s: setup  ## re-render the committed Kubeflow PyTorchJob manifests under k8s/
+render-k8s: setup  ## re-render the committed Kubernetes manifests under k8s/ (TrainJob, runtimes, PyTorchJob, ComputeDomain)
 	$(PY) -m launch.render_examples
 
 clean-venv:  ## remove .venv

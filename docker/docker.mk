@@ -1,7 +1,7 @@
 # Container image targets. Included from the top-level Makefile (`include docker/docker.mk`);
 # also usable alone from the repo root: make -f docker/docker.mk build-image TARGET=hopper
 #
-#   make build-image    TARGET=hopper|blackwell [BASE_IMAGE=...] [ENGINE=docker|podman]
+#   make build-image    TARGET=hopper|blackwell|hopper-cu128|blackwell-cu13 [BASE_IMAGE=...] [ENGINE=docker|podman]
 #                       [PLATFORMS=linux/amd64,linux/arm64] [PIP_CA_BUNDLE=/path/ca.crt]
 #   make push           REGISTRY=registry.example.com/team [TARGET=...]
 #   make test-container TARGET=...   (pytest inside the image; GPU tests when nvidia-smi works)
@@ -11,9 +11,17 @@
 # Do not let these rules become the default goal of the including Makefile.
 _DOCKER_MK_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
-DOCKER_TARGETS := hopper blackwell
+# Targets: a Dockerfile each (hopper, blackwell), plus variants on another NGC base whose
+# CUDA needs a different driver floor (docker/README.md: targets and driver floors).
+DOCKER_TARGETS := hopper blackwell hopper-cu128 blackwell-cu13
 TARGET ?= hopper
 IMAGE ?= hopper-train:$(TARGET)
+NGC_CU128 := nvcr.io/nvidia/pytorch:25.03-py3
+NGC_CU13 := nvcr.io/nvidia/pytorch:25.12-py3
+_VARIANT_hopper-cu128 = --build-arg BASE_IMAGE=$(NGC_CU128) --build-arg BASE_CUDA=12.8 \
+	--build-arg DRIVER_FLOOR="525 (570 for all CUDA 12.8 features)"
+_VARIANT_blackwell-cu13 = --build-arg BASE_IMAGE=$(NGC_CU13) --build-arg BASE_CUDA=13.1 \
+	--build-arg DRIVER_FLOOR="580 (data center GPUs: 535.86+/550.54+ with forward compatibility)"
 # docker when a Docker engine answers, else podman if installed (evaluated once, lazily).
 ENGINE ?= $(eval ENGINE := $(shell if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; \
 	then echo docker; elif command -v podman >/dev/null 2>&1; then echo podman; else echo docker; fi))$(ENGINE)
@@ -22,7 +30,7 @@ REGISTRY ?=
 BASE_IMAGE ?=
 PIP_CA_BUNDLE ?=
 DOCKER_BUILD_ARGS ?=
-DOCKERFILE = docker/Dockerfile.$(TARGET)
+DOCKERFILE = docker/Dockerfile.$(firstword $(subst -, ,$(TARGET)))
 IMAGE_VERSION ?= $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
 IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 IMAGE_SOURCE ?= $(shell sed -n 's/^Source *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
@@ -34,6 +42,7 @@ _BUILD_FLAGS = -f $(DOCKERFILE) \
 	--build-arg VERSION=$(IMAGE_VERSION) \
 	--build-arg REVISION=$(IMAGE_REVISION) \
 	$(if $(IMAGE_SOURCE),--build-arg SOURCE_URL=$(IMAGE_SOURCE)) \
+	$(_VARIANT_$(TARGET)) \
 	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	$(if $(PIP_CA_BUNDLE),--secret id=pip_ca$(,)src=$(PIP_CA_BUNDLE)) \
 	$(DOCKER_BUILD_ARGS)

@@ -59,6 +59,7 @@ class Profile:
     env: tuple[EnvEntry, ...]
     node_selector: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
+    compute_domain_env: tuple[EnvEntry, ...] = ()  # only with an IMEX domain (k8s ComputeDomain)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ def load_profile(name: str) -> Profile:
         env=_env_entries(data["env"]),
         node_selector=tuple(sorted(data.get("k8s", {}).get("node_selector", {}).items())),
         notes=tuple(data.get("notes", ())),
+        compute_domain_env=_env_entries(data.get("compute_domain_env", {})),
     )
 
 

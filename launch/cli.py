@@ -161,12 +161,23 @@ def torchrun_cmd(**options):
 
 @cli.command("docker")
 @job_options
+@click.option("--cpu", is_flag=True,
+              help="CPU variant (a laptop, no GPUs): LAUNCH_GPUS=none by default, workers use gloo.")
 def docker_cmd(**options):
-    """Bash script wrapping torchrun in `docker run` with what NGC containers need."""
+    """Bash script running torchrun in `docker run` / `podman run` with what NGC containers need.
+
+    The script detects the engine (LAUNCH_ENGINE overrides), names the container after
+    the job, creates the checkpoint directory writable for the container and passes
+    LAUNCH_ENGINE_FLAGS to the engine; see docs/launch.md.
+    """
     from launch import scripts
 
-    spec, plan = _prepare(options)
-    _emit(scripts.docker_script(spec, plan, _command_line()), options, executable=True)
+    job, extra = _job_keys(options, ("cpu",))
+    spec, plan = _prepare(job)
+    for message in scripts.docker_warnings(spec):
+        _warn(message)
+    _emit(scripts.docker_script(spec, plan, _command_line(), scripts.DockerOptions(cpu=extra["cpu"])), job,
+          executable=True)
 
 
 SLURM_KEYS = ("partition", "account", "time", "pyxis", "gpu_gres", "venv")
@@ -194,34 +205,50 @@ def slurm_cmd(**options):
 
 
 K8S_KEYS = ("namespace", "pvc", "shm_size", "rdma_resource", "queue", "gang", "image_pull_secret",
-            "node_selector", "pod_annotation", "backoff_limit", "ttl_seconds", "env_secret")
+            "node_selector", "pod_annotation", "backoff_limit", "ttl_seconds", "env_secret", "runtime",
+            "compute_domain")
 
 
-@cli.command("k8s")
-@job_options
-@click.option("--namespace", default=None)
-@click.option("--pvc", default="checkpoints", show_default=True, help="PersistentVolumeClaim for --checkpoint-dir.")
-@click.option("--shm-size", default="64Gi", show_default=True, help="Size limit of the memory-backed /dev/shm.")
-@click.option("--rdma-resource", default=None, metavar="DOMAIN/NAME[=COUNT]",
-              help="RDMA device-plugin resource; default from the fabric.")
-@click.option("--queue", default=None, help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
-@click.option("--gang", is_flag=True, help="runPolicy.schedulingPolicy.minAvailable (Volcano/scheduler-plugins).")
-@click.option("--image-pull-secret", multiple=True, help="Registry credentials Secret name (repeatable).")
-@click.option("--node-selector", multiple=True, metavar="KEY=VALUE")
-@click.option("--pod-annotation", multiple=True, metavar="KEY=VALUE", help="E.g. a Multus network for RoCE.")
-@click.option("--backoff-limit", type=StrictInt(0, 1000), default=3, show_default=True)
-@click.option("--ttl-seconds", type=StrictInt(0, 2**31 - 1), default=7 * 24 * 3600, show_default=True,
-              help="runPolicy.ttlSecondsAfterFinished.")
-@click.option("--env-secret", multiple=True, metavar="NAME=SECRET:KEY", help="Env var from a Secret key.")
-def k8s_cmd(**options):
-    """Kubeflow PyTorchJob (kubeflow.org/v1) manifest."""
+def k8s_options(func):
+    """Kubernetes options shared by `launch k8s` and `launch k8s-runtime`."""
+    options = [
+        click.option("--namespace", default=None),
+        click.option("--pvc", default="checkpoints", show_default=True, help="PersistentVolumeClaim for --checkpoint-dir."),
+        click.option("--shm-size", default="64Gi", show_default=True, help="Size limit of the memory-backed /dev/shm."),
+        click.option("--rdma-resource", default=None, metavar="DOMAIN/NAME[=COUNT]",
+                     help="RDMA device-plugin resource; default from the fabric."),
+        click.option("--queue", default=None, help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name on the job)."),
+        click.option("--gang", is_flag=True,
+                     help="Gang scheduling: runtime podGroupPolicy.coscheduling (TrainJob) or "
+                          "runPolicy.schedulingPolicy.minAvailable (PyTorchJob)."),
+        click.option("--image-pull-secret", multiple=True, help="Registry credentials Secret name (repeatable)."),
+        click.option("--node-selector", multiple=True, metavar="KEY=VALUE"),
+        click.option("--pod-annotation", multiple=True, metavar="KEY=VALUE", help="E.g. a Multus network for RoCE."),
+        click.option("--backoff-limit", type=StrictInt(0, 1000), default=3, show_default=True,
+                     help="PyTorchJob runPolicy.backoffLimit / runtime JobSet failurePolicy.maxRestarts."),
+        click.option("--ttl-seconds", type=StrictInt(0, 2**31 - 1), default=7 * 24 * 3600, show_default=True,
+                     help="Seconds a finished job is kept (ttlSecondsAfterFinished)."),
+        click.option("--env-secret", multiple=True, metavar="NAME=SECRET:KEY", help="Env var from a Secret key."),
+        click.option("--runtime", default=None, metavar="NAME",
+                     help="ClusterTrainingRuntime name; default <profile>-<fabric>-<hash of its content>."),
+        click.option("--compute-domain/--no-compute-domain", default=True, show_default=True,
+                     help="Multi-node jobs on multi-node NVLink profiles (gb200): a DRA ComputeDomain "
+                          "(IMEX channel), NVLink-domain pod affinity and NCCL_MNNVL_ENABLE=1."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _k8s_prepare(options: dict):
     from launch import k8s
 
-    job, extra = _job_keys(options, K8S_KEYS)
+    job, extra = _job_keys(options, K8S_KEYS + tuple(k for k in ("api",) if k in options))
     opts = k8s.parse_options(
         extra["namespace"], extra["pvc"], extra["shm_size"], extra["rdma_resource"], extra["queue"],
         extra["gang"], extra["image_pull_secret"], extra["node_selector"], extra["pod_annotation"],
-        extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"],
+        extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"], api=extra.get("api"),
+        runtime=extra["runtime"], compute_domain=extra["compute_domain"],
         allow_undocumented_nccl=job["allow_undocumented_nccl"],
     )
     spec, plan = _prepare(job)
@@ -229,7 +256,44 @@ def k8s_cmd(**options):
         _warn("k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead")
     for message in k8s.secret_warnings(spec):
         _warn(message)
-    _emit(k8s.pytorchjob(spec, plan, _command_line(), opts), job, executable=False)
+    return job, spec, plan, opts
+
+
+@cli.command("k8s")
+@job_options
+@k8s_options
+@click.option("--api", type=click.Choice(["trainjob", "pytorchjob"]), default=None,
+              help="trainjob: Kubeflow Trainer v2 TrainJob (default for fixed-size jobs); pytorchjob: "
+                   "training-operator v1 PyTorchJob (default for elastic MIN:MAX jobs: Trainer v2 has "
+                   "no elastic mode).")
+def k8s_cmd(**options):
+    """Kubeflow TrainJob (Trainer v2) or PyTorchJob (training-operator v1) manifest."""
+    from launch import k8s
+
+    job, spec, plan, opts = _k8s_prepare(options)
+    if k8s.resolve_api(spec, opts) == "pytorchjob":
+        if opts.runtime:
+            raise SpecError("--runtime names a Trainer v2 runtime; it does not apply to --api pytorchjob")
+        text = k8s.pytorchjob(spec, plan, _command_line(), opts)
+    else:
+        text = k8s.trainjob(spec, plan, _command_line(), opts)
+    _emit(text, job, executable=False)
+
+
+@cli.command("k8s-runtime")
+@job_options
+@k8s_options
+def k8s_runtime_cmd(**options):
+    """Kubeflow Trainer v2 ClusterTrainingRuntime for a profile and fabric (what TrainJobs refer to)."""
+    from launch import k8s
+
+    job, spec, _plan, opts = _k8s_prepare(options)
+    if spec.nodes.elastic:
+        raise SpecError(
+            f"--nnodes {spec.nodes.torchrun_value}: Kubeflow Trainer v2 has no elastic mode; "
+            "use `launch k8s --api pytorchjob`"
+        )
+    _emit(k8s.cluster_runtime(spec, _command_line(), opts), job, executable=False)
 
 
 @cli.command("env")

@@ -110,7 +110,9 @@ def _debug_settings(spec: JobSpec) -> list[tuple[str, str, str]]:
     return out
 
 
-def build_env(spec: JobSpec) -> EnvPlan:
+def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
+    """``compute_domain``: the job has an IMEX domain (Kubernetes ComputeDomain), so the
+    profile's ``compute_domain_env`` (multi-node NVLink) applies too."""
     entries: dict[str, EnvVar | tuple[None, str, str | None]] = {}
     warnings: list[str] = []
 
@@ -124,6 +126,9 @@ def build_env(spec: JobSpec) -> EnvPlan:
         put(name, value, why)
     for source in (spec.profile, spec.fabric):
         for entry in source.env:
+            put(entry.name, entry.value, entry.why, entry.option)
+    if compute_domain:
+        for entry in spec.profile.compute_domain_env:
             put(entry.name, entry.value, entry.why, entry.option)
 
     for attr, name, option in NETWORK_OPTIONS:

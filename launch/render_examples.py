@@ -1,5 +1,7 @@
 """Re-render (or check) the committed example outputs: ``k8s/*.yaml`` and ``docs/examples/*``.
 
+Stale files under ``k8s/`` that no example produces any more are removed when writing.
+
     python -m launch.render_examples            # write them (the `make render-k8s` target)
     python -m launch.render_examples --check    # exit 1 if a committed file differs from a fresh render
 
@@ -20,31 +22,74 @@ IMAGE_BLACKWELL = "registry.example.invalid/hopper-train:blackwell"
 # (output file, subcommand, launch options, training arguments after `--`)
 EXAMPLES: list[tuple[str, str, list[str], list[str]]] = [
     (
-        "k8s/h100-1x8.yaml",
+        "k8s/runtime-h100-nvlink.yaml",
+        "k8s-runtime",
+        ["--profile", "h100", "--image", IMAGE_HOPPER],
+        [],
+    ),
+    (
+        "k8s/runtime-h100-infiniband-gang.yaml",
+        "k8s-runtime",
+        ["--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--gang", "--image", IMAGE_HOPPER],
+        [],
+    ),
+    (
+        "k8s/runtime-gb200-nvlink.yaml",
+        "k8s-runtime",
+        ["--profile", "gb200", "--image", IMAGE_BLACKWELL],
+        [],
+    ),
+    (
+        "k8s/trainjob-h100-1x8.yaml",
         "k8s",
         ["--profile", "h100", "--name", "h100-1x8", "--image", IMAGE_HOPPER],
         ["--config", "1b", "--out", "/checkpoints/h100-1x8", "--resume"],
     ),
     (
-        "k8s/h100-2x8-infiniband.yaml",
+        "k8s/trainjob-h100-2x8-infiniband-kueue.yaml",
         "k8s",
-        ["--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--name", "h100-2x8-ib",
+        ["--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--gang", "--name", "h100-2x8-ib",
+         "--image", IMAGE_HOPPER, "--queue", "gpu-training"],
+        ["--config", "8b", "--out", "/checkpoints/h100-2x8-ib", "--resume"],
+    ),
+    (
+        "k8s/trainjob-gb200-1x4.yaml",
+        "k8s",
+        ["--profile", "gb200", "--name", "gb200-1x4", "--image", IMAGE_BLACKWELL],
+        ["--config", "1b", "--out", "/checkpoints/gb200-1x4", "--resume"],
+    ),
+    (
+        "k8s/trainjob-gb200-nvl72-2x4.yaml",
+        "k8s",
+        ["--profile", "gb200", "--nnodes", "2", "--name", "gb200-2x4", "--image", IMAGE_BLACKWELL],
+        ["--config", "8b", "--out", "/checkpoints/gb200-2x4", "--resume"],
+    ),
+    (
+        "k8s/pytorchjob-h100-2x8-infiniband.yaml",
+        "k8s",
+        ["--api", "pytorchjob", "--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--name", "h100-2x8-ib",
          "--image", IMAGE_HOPPER],
         ["--config", "8b", "--out", "/checkpoints/h100-2x8-ib", "--resume"],
     ),
     (
-        "k8s/h100-elastic-1to4-infiniband.yaml",
+        "k8s/pytorchjob-h100-elastic-1to4-infiniband.yaml",
         "k8s",
-        ["--profile", "h100", "--nnodes", "1:4", "--fabric", "infiniband", "--name", "h100-elastic",
+        ["--api", "pytorchjob", "--profile", "h100", "--nnodes", "1:4", "--fabric", "infiniband", "--name", "h100-elastic",
          "--image", IMAGE_HOPPER, "--gang"],
         ["--config", "8b", "--out", "/checkpoints/h100-elastic", "--resume"],
     ),
     (
-        "k8s/h200-2x8-infiniband-kueue.yaml",
+        "k8s/pytorchjob-h200-2x8-infiniband-kueue.yaml",
         "k8s",
-        ["--profile", "h200", "--nnodes", "2", "--fabric", "infiniband", "--name", "h200-2x8-ib",
+        ["--api", "pytorchjob", "--profile", "h200", "--nnodes", "2", "--fabric", "infiniband", "--name", "h200-2x8-ib",
          "--image", IMAGE_HOPPER, "--queue", "gpu-training", "--image-pull-secret", "registry-credentials"],
         ["--config", "8b", "--out", "/checkpoints/h200-2x8-ib", "--resume"],
+    ),
+    (
+        "k8s/pytorchjob-gb200-nvl72-2x4.yaml",
+        "k8s",
+        ["--api", "pytorchjob", "--profile", "gb200", "--nnodes", "2", "--name", "gb200-2x4", "--image", IMAGE_BLACKWELL],
+        ["--config", "8b", "--out", "/checkpoints/gb200-2x4", "--resume"],
     ),
     (
         "docs/examples/slurm-b200-2x8-infiniband.sbatch",
@@ -68,11 +113,17 @@ EXAMPLES: list[tuple[str, str, list[str], list[str]]] = [
          "--image", "hopper-train:blackwell", "--checkpoint-dir", "/srv/checkpoints"],
         ["--config", "350m", "--out", "/srv/checkpoints/rtx-pro-4x", "--resume"],
     ),
+    (
+        "docs/examples/docker-cpu-laptop.sh",
+        "docker",
+        ["--cpu", "--nproc-per-node", "2", "--name", "laptop", "--checkpoint-dir", "/tmp/hopper-train"],
+        ["--config", "tiny", "--steps", "50"],
+    ),
 ]
 
 
 def argv_for(path: str, sub: str, options: list[str], train: list[str], write: bool) -> list[str]:
-    return [sub, *options, *(["-o", path] if write else []), "--", *train]
+    return [sub, *options, *(["-o", path] if write else []), *(["--", *train] if train else [])]
 
 
 def render_text(argv: list[str]) -> str:
@@ -103,6 +154,15 @@ def main(args: list[str] | None = None) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         render_text(argv_for(str(target), sub, options, train, write=True))
         print(f"rendered {path}")
+    listed = {root / path for path, *_ in EXAMPLES}
+    for orphan in sorted(set((root / "k8s").glob("*.yaml")) - listed):
+        if not orphan.read_text(encoding="utf-8").startswith("# Generated by: launch "):
+            continue  # not ours
+        if opts.check:
+            stale.append(f"{orphan.relative_to(root)} (no example renders it any more)")
+        else:
+            orphan.unlink()
+            print(f"removed {orphan.relative_to(root)} (no example renders it any more)")
     for path in stale:
         print(f"stale: {path} (run: python -m launch.render_examples)", file=sys.stderr)
     return 1 if stale else 0

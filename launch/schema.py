@@ -89,6 +89,8 @@ PROFILE_SCHEMA = {
             },
         },
         "env": ENV_MAP,
+        # environment for jobs that get an IMEX domain (a Kubernetes ComputeDomain), e.g. MNNVL
+        "compute_domain_env": ENV_MAP,
         "k8s": {
             "type": "object",
             "additionalProperties": False,

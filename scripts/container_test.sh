@@ -22,6 +22,11 @@
 #   CONTAINER_CI_TEST_TIMEOUT   seconds for the pytest run (default 1200)
 #   CONTAINER_CI_DEBIAN_MIRROR  debootstrap mirror (default http://deb.debian.org/debian)
 #   CONTAINER_CI_KEEP=1         keep dangling images (default: pruned after the run)
+#   CONTAINER_CI_LAUNCH_TESTS   pytest arguments for the host-side tests that run rendered
+#                               `launch docker` scripts with podman against the built image
+#                               (LAUNCH_PODMAN_IMAGE); empty (default): that step is skipped
+#   CONTAINER_CI_HOST_PYTHON    interpreter for that step (default: .venv/bin/python, which
+#                               `make test` creates, else python3)
 set -Eeuo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -77,8 +82,9 @@ ensure_tools() {
     command -v runc >/dev/null || missing+=(runc)
     if ((${#missing[@]})); then
         echo "installing: ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        # Other jobs on the machine may hold the dpkg/apt locks: wait for them (10 min).
+        apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
             "${missing[@]}" >/dev/null
     fi
     podman --version
@@ -203,6 +209,16 @@ run_pytest() {
         -w /opt/hopper-train "$IMAGE" pytest "${args[@]}"
 }
 
+run_launch_tests() {
+    local py args
+    py=${CONTAINER_CI_HOST_PYTHON:-$REPO/.venv/bin/python}
+    [[ -x $py ]] || py=python3
+    eval "args=($CONTAINER_CI_LAUNCH_TESTS)"
+    echo "$py -m pytest ${CONTAINER_CI_LAUNCH_TESTS}  (host, root, podman; image $IMAGE)"
+    (cd "$REPO" && LAUNCH_PODMAN_IMAGE=$IMAGE PYTHONPATH=$REPO \
+        timeout --kill-after=30 "$TEST_TIMEOUT" "$py" -m pytest "${args[@]}")
+}
+
 mkdir -p "$WORK"
 exec 9>"$WORK/lock"
 flock -w 3600 9 || die "another container_test.sh holds $WORK/lock"
@@ -217,6 +233,9 @@ step "tag stand-in as the NGC base" tag_as_ngc
 step "podman build $TARGET" build_image
 step "smoke: CLIs, user, labels" smoke
 step "pytest inside the image" run_pytest
+if [[ -n ${CONTAINER_CI_LAUNCH_TESTS:-} ]]; then
+    step "launch docker scripts under podman" run_launch_tests
+fi
 if [[ ${CONTAINER_CI_KEEP:-0} != 1 ]]; then
     step "prune dangling images" podman image prune -f >/dev/null
 fi

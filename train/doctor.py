@@ -298,7 +298,13 @@ def collect_system(check_nccl: bool = False) -> dict:
     except Exception:  # a CPU build or broken cuDNN: reported as absent
         versions["cudnn"] = None
 
+    from train.cuda_compat import fit, image_cuda, is_datacenter
+
+    driver_fit = fit(driver, image_cuda(torch.version.cuda), is_datacenter(smi[0]["name"] if smi else None))
+    if driver_fit.ok is False:
+        problems.append(driver_fit.line)
     report: dict = {
+        "driver_cuda": {"ok": driver_fit.ok, "line": driver_fit.line},
         "schema": SCHEMA,
         "host": platform.node(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -501,6 +507,8 @@ def render_text(report: dict) -> str:
     out.append(f"host      {report['host']} ({report['platform']}), Python {report['python']}")
     out.append(f"torch     {v['torch']}   CUDA {v['cuda'] or 'none'}   cuDNN {v['cudnn'] or 'none'}   "
                f"NCCL {v['nccl'] or 'none'}   driver {v['driver'] or 'none'}")
+    if "driver_cuda" in report:
+        out.append(report["driver_cuda"]["line"])
     out.append("")
     gpus = report["gpus"]
     if not gpus:

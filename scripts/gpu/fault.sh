@@ -40,7 +40,7 @@ launch() {
   local log=$1 limit=$2 port
   shift 2
   port=$(free_port)
-  timeout -k 10 "$limit" "$PY" -m torch.distributed.run --nproc-per-node 2 --rdzv-backend c10d \
+  timeout -k 10 "$limit" "$PY" -m torch.distributed.run --nproc-per-node "${FAULT_NPROC:-2}" --rdzv-backend c10d \
     --rdzv-endpoint "127.0.0.1:$port" "$@" > "$log" 2>&1 &
   PID=$!
 }
@@ -150,12 +150,13 @@ term_phase() {
 print("torch", torch.__version__, "gpus", torch.cuda.device_count(),
       "torchrun_shutdown_timeout_supported", "shutdown_timeout" in inspect.signature(a.LaunchConfig).parameters)' \
   | tee "$R/env.txt" || true
-kill_phase || note kill.phase "FAILED (see kill.log)"
-term_phase || note term.phase "FAILED (see term.log)"
+# PHASES: which phases to run (default both); FAULT_NPROC: workers (default 2, one per GPU).
+case " ${PHASES:-kill term} " in *" kill "*) kill_phase || note kill.phase "FAILED (see kill.log)" ;; esac
+case " ${PHASES:-kill term} " in *" term "*) term_phase || note term.phase "FAILED (see term.log)" ;; esac
 note total_wall_s $((SECONDS - T0))
 
 {
-  echo "fault-tolerance on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x2, NCCL"
+  echo "fault-tolerance on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x${FAULT_NPROC:-2}, NCCL"
   printf '%-32s %s\n' "observation" "value"
   printf '%-32s %s\n' "--------------------------------" "-----"
   sed 's/=/ /' "$R/results.txt" | awk '{k=$1; $1=""; printf "%-32s%s\n", k, $0}'

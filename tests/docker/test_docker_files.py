@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 TARGETS = ("hopper", "blackwell")
 # ARG lines that are allowed to differ between the per-target Dockerfiles
-PER_TARGET_ARGS = ("BASE_IMAGE", "TARGET", "CUDA_ARCHS")
+PER_TARGET_ARGS = ("BASE_IMAGE", "BASE_CUDA", "DRIVER_FLOOR", "TARGET", "CUDA_ARCHS")
 
 
 def _tool(name: str) -> str | None:
@@ -80,8 +80,11 @@ def test_base_pin_and_release_note_comment(target: str) -> None:
     cuda = re.search(r"CUDA (\d+)\.(\d+)", header)
     assert cuda, "comment must state the CUDA version the tag ships"
     assert re.search(r"PyTorch \d+\.\d+", header), "comment must state the torch version"
+    assert _arg_default(text, "BASE_CUDA") == f"{cuda.group(1)}.{cuda.group(2)}", "label BASE_CUDA = the pinned CUDA"
+    assert re.match(r"\d{3} ", _arg_default(text, "DRIVER_FLOOR")), "DRIVER_FLOOR starts with a driver branch"
     if target == "blackwell":
-        assert (int(cuda.group(1)), int(cuda.group(2))) >= (12, 8), "Blackwell needs CUDA >= 12.8"
+        # issue 14: R570 clusters: the default Blackwell image stays on CUDA 12.8
+        assert (int(cuda.group(1)), int(cuda.group(2))) == (12, 8), "Blackwell pin: a CUDA 12.8 NGC release"
         assert {"10.0", "12.0"} <= set(re.split(r"[;, ]", _arg_default(text, "CUDA_ARCHS")))
     else:
         assert _arg_default(text, "CUDA_ARCHS") == "9.0"
@@ -96,6 +99,9 @@ def test_labels_user_and_cmd(target: str) -> None:
         "org.opencontainers.image.version",
         "org.opencontainers.image.revision",
         "io.hopper-train.target",
+        "io.hopper-train.base-cuda",
+        "io.hopper-train.driver-floor",
+        "org.opencontainers.image.base.name",
     ):
         assert f"{key}=" in text, key
     users = re.findall(r"^USER (.+)$", text, re.M)
@@ -162,7 +168,7 @@ def test_torchao_pairing_unknown_for_old_torch() -> None:
 
 
 @pytest.mark.parametrize(
-    "script", ["docker/install.sh", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scripts").glob("container_*.sh"))]
+    "script", ["docker/install.sh", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scripts").glob("*_test.sh"))]
 )
 def test_shellcheck(script: str) -> None:
     shellcheck = _tool("shellcheck")
@@ -200,6 +206,18 @@ def test_make_build_image_single_platform(target: str) -> None:
     assert "--build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:99.01-py3" in proc.stdout
     assert "--secret id=pip_ca,src=/etc/ssl/ca.crt" in proc.stdout
     assert f"-t hopper-train:{target} ." in proc.stdout
+
+
+@pytest.mark.parametrize(("target", "dockerfile", "base", "cuda"), [
+    ("hopper-cu128", "hopper", "nvcr.io/nvidia/pytorch:25.03-py3", "12.8"),
+    ("blackwell-cu13", "blackwell", "nvcr.io/nvidia/pytorch:25.12-py3", "13.1"),
+])
+def test_make_variants_set_base_and_labels(target: str, dockerfile: str, base: str, cuda: str) -> None:
+    proc = _make("-n", "build-image", f"TARGET={target}", "ENGINE=podman")
+    assert proc.returncode == 0, proc.stderr
+    assert f"-f docker/Dockerfile.{dockerfile} " in proc.stdout
+    assert f"--build-arg BASE_IMAGE={base}" in proc.stdout and f"--build-arg BASE_CUDA={cuda}" in proc.stdout
+    assert "--build-arg DRIVER_FLOOR=" in proc.stdout and f"-t hopper-train:{target} " in proc.stdout
 
 
 def test_make_build_image_multiarch_uses_buildx() -> None:

@@ -102,7 +102,7 @@ def job_shapes() -> list[tuple[str, list[str]]]:
 
 def backend_argv(backend: str, options: list[str], fabric_of: str | None = None) -> list[str]:
     extra = []
-    if backend == "k8s":
+    if backend in ("k8s", "k8s-runtime"):
         for fabric, args in K8S_FABRIC_EXTRAS.items():
             if fabric in options:
                 extra += args
@@ -174,10 +174,14 @@ def write_stubs(bindir: Path, record: Path) -> None:
             print("node-a")
             print("node-b")
         """,
-        # docker run: apply --env=K=V, record options and image, exec the command
+        # docker run: apply --env=K=V, record options and image, exec the command;
+        # `docker version` / `info` answer like a rootful engine whose daemon runs
         "docker": f"""
             import json, os, sys
             args = sys.argv[1:]
+            if args[:1] in (["version"], ["--version"], ["info"]):
+                print("Docker version 0 (stub)" if args[0] == "--version" else "[name=seccomp]")
+                sys.exit(0)
             assert args.pop(0) == "run", sys.argv
             opts, env = [], dict(os.environ)
             while args[0].startswith("-"):

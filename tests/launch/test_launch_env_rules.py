@@ -198,7 +198,9 @@ def test_only_needed_nccl_settings():
     assert not [n for n in _env(["--profile", "h100"]) if n.startswith("NCCL_")]
     assert not [n for n in _env(["--profile", "b200"]) if n.startswith("NCCL_")]
     assert not [n for n in _env(["--profile", "h100", "--nnodes", "2", "--fabric", "infiniband"]) if n.startswith("NCCL_")]
-    assert _env(["--profile", "gb200"])["NCCL_MNNVL_ENABLE"] == "1"
+    # MNNVL is forced only where an IMEX domain is rendered (a k8s ComputeDomain, test_launch_k8s)
+    assert "NCCL_MNNVL_ENABLE" not in _env(["--profile", "gb200"])
+    assert "NCCL_MNNVL_ENABLE" not in _env(["--profile", "gb200", "--nnodes", "2", "--fabric", "infiniband"])
     roce = _env(["--profile", "h100", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0,mlx5_3"])
     assert roce["NCCL_IB_HCA"] == "=mlx5_0,mlx5_3" and roce["NCCL_IB_GID_INDEX"] == "3"
     eth = _env(["--profile", "h100", "--nnodes", "2", "--fabric", "ethernet"])

@@ -34,6 +34,8 @@ CASES = {
         "--", "--config", "tiny",
     ],
     "docker-b200-2x8-efa.sh": ["docker", "--profile", "b200", "--nnodes", "2", "--fabric", "efa"],
+    "docker-cpu-2proc.sh": ["docker", "--cpu", "--nproc-per-node", "2", "--grace-period", "60", "--",
+                            "--config", "tiny"],
     "slurm-h100-4x8-ethernet.sbatch": [
         "slurm", "--profile", "h100", "--nnodes", "4", "--fabric", "ethernet", "--socket-ifname", "=ens3",
         "--partition", "gpu", "--time", "12:00:00", "--", "--steps", "1000",
@@ -46,7 +48,7 @@ CASES = {
         "env", "--profile", "h100", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0,mlx5_1",
     ],
     "k8s-b200-2x8-roce.yaml": [
-        "k8s", "--profile", "b200", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0,mlx5_1",
+        "k8s", "--api", "pytorchjob", "--profile", "b200", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0,mlx5_1",
         "--pod-annotation", "k8s.v1.cni.cncf.io/networks=roce", "--name", "b200-roce",
         "--", "--config", "8b", "--resume",
     ],

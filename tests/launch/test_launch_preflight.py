@@ -85,7 +85,7 @@ def test_a_failed_preflight_stops_the_job_with_exit_3(tmp_path, preflight_rc, ex
 
 
 def test_k8s_pods_run_the_preflight_then_exec_training(tmp_path):
-    text = render(["k8s", "--nnodes", "2", "--fabric", "infiniband", "--preflight", "--", "--config", "tiny"])
+    text = render(["k8s", "--api", "pytorchjob", "--nnodes", "2", "--fabric", "infiniband", "--preflight", "--", "--config", "tiny"])
     doc = yaml.safe_load(text)
     for spec in doc["spec"]["pytorchReplicaSpecs"].values():
         c = spec["template"]["spec"]["containers"][0]
@@ -97,9 +97,14 @@ def test_k8s_pods_run_the_preflight_then_exec_training(tmp_path):
         path.write_text("#!/usr/bin/env bash\n" + script + "\n")
         proc = subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stdout
-    plain = yaml.safe_load(render(["k8s", "--nnodes", "2", "--fabric", "infiniband", "--", "--config", "tiny"]))
+    plain = yaml.safe_load(render(["k8s", "--api", "pytorchjob", "--nnodes", "2", "--fabric", "infiniband", "--", "--config", "tiny"]))
     assert all(s["template"]["spec"]["containers"][0]["command"] == ["torchrun"]
                for s in plain["spec"]["pytorchReplicaSpecs"].values())
+
+
+def test_trainjob_refuses_preflight_for_now():
+    proc = run_cli(["k8s", "--nnodes", "2", "--fabric", "infiniband", "--preflight", "--", "--config", "tiny"])
+    assert proc.returncode == 2 and "--api pytorchjob" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("args, culprit", [

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -74,6 +75,13 @@ JOBS = [
                      "--image-pull-secret", "regcred", "--node-selector", "a=b", "--pod-annotation", "k=v",
                      "--env-secret", "HF_TOKEN=hf:token", "--cpus", "8", "--memory", "1Gi"]),
     ("k8s-fixed", ["k8s", "--profile", "h100", "--nnodes", "3", "--fabric", "infiniband"]),
+    ("k8s-pytorchjob", ["k8s", "--api", "pytorchjob", "--profile", "h100", "--nnodes", "3", "--fabric", "infiniband",
+                        "--env-secret", "HF_TOKEN=hf:token"]),
+    ("k8s-runtime", ["k8s-runtime", "--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--gang",
+                     "--image-pull-secret", "regcred", "--node-selector", "a=b", "--pod-annotation", "k=v"]),
+    ("k8s-trainjob-compute-domain", ["k8s", "--profile", "gb200", "--nnodes", "2", "--fabric", "infiniband", "--gang",
+                                     "--namespace", "ml", "--queue", "q", "--env", "A=b", "--env-secret",
+                                     "HF_TOKEN=hf:token", "--cpus", "8", "--memory", "1Gi"]),
 ]
 TRAIN_ARGS = ["--", "--config", "tiny", "--set", "x=1"]
 
@@ -100,7 +108,7 @@ def _capture(monkeypatch, argv: list[str]) -> tuple[str, dict]:
     for name, module in list(sys.modules.items()):
         if name.startswith("launch.") and getattr(module, "render", None) is original:
             monkeypatch.setattr(module, "render", fake_render)
-    rc, _, err = run_inproc([*argv, *TRAIN_ARGS])
+    rc, _, err = run_inproc([*argv, *(TRAIN_ARGS if argv[0] != "k8s-runtime" else [])])  # a runtime takes no args
     monkeypatch.undo()
     assert rc == 0 and len(seen) == 1, err
     return seen[0]
@@ -237,7 +245,7 @@ def _env_names(context: dict) -> list[str]:
     return [v.name for v in context.get("env", ())]
 
 
-@pytest.mark.parametrize("job_id,argv", [j for j in JOBS if j[1][0] != "k8s"], ids=[j[0] for j in JOBS if j[1][0] != "k8s"])
+@pytest.mark.parametrize("job_id,argv", [j for j in JOBS if not j[1][0].startswith("k8s")], ids=[j[0] for j in JOBS if not j[1][0].startswith("k8s")])
 def test_every_shell_variable_hostile(monkeypatch, sandbox, job_id, argv):
     workdir, env = sandbox
     canary = workdir / "CANARY"
@@ -270,7 +278,7 @@ def test_every_shell_variable_hostile(monkeypatch, sandbox, job_id, argv):
     assert json.dumps(rec_hostile) != json.dumps(rec_plain)
 
 
-@pytest.mark.parametrize("job_id,argv", [j for j in JOBS if j[1][0] != "k8s"], ids=[j[0] for j in JOBS if j[1][0] != "k8s"])
+@pytest.mark.parametrize("job_id,argv", [j for j in JOBS if not j[1][0].startswith("k8s")], ids=[j[0] for j in JOBS if not j[1][0].startswith("k8s")])
 def test_hostile_names_execute_nothing(monkeypatch, sandbox, job_id, argv):
     """Names too (env names, flags, header, profile/fabric names): syntax holds, nothing runs."""
     workdir, env = sandbox
@@ -281,18 +289,22 @@ def test_hostile_names_execute_nothing(monkeypatch, sandbox, job_id, argv):
     assert proc.returncode == 0, proc.stderr
     _execute(script, workdir, env, template, [])
     assert not canary.exists(), "a hostile name was executed"
-    for line in script.splitlines():  # no line starts with hostile text: comments stay comments
-        assert line == "" or line[0] in "#ersdiftmx)( lbncw}" or line.startswith(("export ", "exec ")), line
+    # no line starts with hostile text, no value adds a line: comments stay comments
+    plain = _render(template, Replacer(_placeholder).context(context)).splitlines()
+    lines = script.splitlines()
+    assert len(lines) == len(plain)
+    for line, plain_line in zip(lines, plain):
+        assert line[:1] == plain_line[:1] and (line == "" or line[0] in "#abcdefghijklmnopqrstuvwxyz_)( }"), line
 
 
-@pytest.mark.parametrize("job_id,argv", [j for j in JOBS if j[1][0] == "k8s"], ids=[j[0] for j in JOBS if j[1][0] == "k8s"])
+@pytest.mark.parametrize("job_id,argv", [j for j in JOBS if j[1][0].startswith("k8s")], ids=[j[0] for j in JOBS if j[1][0].startswith("k8s")])
 def test_every_yaml_variable_hostile(monkeypatch, tmp_path, job_id, argv):
     template, context = _capture(monkeypatch, argv)
     make = _hostile(tmp_path / "CANARY", allow_non_utf8=False)
     plain, hostile = Replacer(_placeholder), Replacer(make)
-    plain_doc = yaml.safe_load(_render(template, plain.context(context)))
+    plain_doc = list(yaml.safe_load_all(_render(template, plain.context(context))))
     hostile_text = _render(template, hostile.context(context))
-    hostile_doc = yaml.safe_load(hostile_text)
+    hostile_doc = list(yaml.safe_load_all(hostile_text))
     assert hostile.count > 10
     # kq doubles '$' (Kubernetes expands $(VAR) in args and env values)
     mapping = []
@@ -349,12 +361,18 @@ def test_hostile_profile_and_fabric_files(sandbox, backend):
     canary = workdir / "CANARY"
     profile, fabric = _hostile_catalog(workdir, canary)
     argv = [backend, "--profile", str(profile), "--fabric", str(fabric), "--nnodes", "2",
-            "--rdzv-endpoint", "node0", "--", "--config", "tiny"]
+            "--rdzv-endpoint", "node0", "--checkpoint-dir", str(workdir / "ckpt"), "--", "--config", "tiny"]
     rc, out, err = run_inproc(argv)
     assert rc == 0, err
     if backend == "k8s":  # names and texts reach comments only: flattened, same document
         plain = run_inproc(argv[:1] + ["--profile", "h100", "--fabric", "infiniband"] + argv[5:])[1]
-        assert yaml.safe_load(out) == yaml.safe_load(plain)
+        hostile_doc, plain_doc = yaml.safe_load(out), yaml.safe_load(plain)
+        # the TrainJob names its runtime <profile>-<fabric>-<hash>: from hostile file names, a
+        # name Kubernetes accepts
+        runtime = hostile_doc["spec"]["runtimeRef"].pop("name")
+        plain_doc["spec"]["runtimeRef"].pop("name")
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", runtime) and len(runtime) <= 63, runtime
+        assert hostile_doc == plain_doc
         return
     proc = subprocess.run(["bash", "-n"], input=out.encode("utf-8", "surrogateescape"), capture_output=True)
     assert proc.returncode == 0, proc.stderr

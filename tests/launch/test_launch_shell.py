@@ -74,11 +74,11 @@ def test_env_file_sources_cleanly(tmp_path):
     path = tmp_path / "env.sh"
     path.write_text(render(["env", "--profile", "gb200", "--env", "WEIRD=$(echo no) `x` 'q'"]))
     proc = subprocess.run(
-        ["bash", "-c", 'source "$1" && printf %s "$WEIRD|$NCCL_MNNVL_ENABLE"', "x", str(path)],
+        ["bash", "-c", 'source "$1" && printf %s "$WEIRD|$OMP_NUM_THREADS"', "x", str(path)],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "$(echo no) `x` 'q'|1"
+    assert proc.stdout == "$(echo no) `x` 'q'|16"
 
 
 # --------------------------------------------------------------------------- hostile values
@@ -100,11 +100,12 @@ def sandbox(tmp_path):
     return tmp_path, record, canary, env
 
 
-def _hostile_job(canary: Path, multi_node: bool) -> tuple[list[str], list[str], dict[str, str]]:
+def _hostile_job(canary: Path, multi_node: bool, ckpt_root: str = "") -> tuple[list[str], list[str], dict[str, str]]:
+    """ckpt_root: where the checkpoint directory lies (the docker script creates it)."""
     values = hostile_values(canary)
     env_pairs = {f"HOSTILE_{i}": v for i, v in enumerate(values)}
     options = ["--profile", "h100", "--entrypoint", f"python -m train run '{values[4]}'"]
-    options += ["--checkpoint-dir", f"/ck pt/$(touch {canary})/`id`'q\"", "--name", "hostile"]
+    options += ["--checkpoint-dir", f"{ckpt_root}/ck pt/$(touch {canary})/`id`'q\"", "--name", "hostile"]
     if multi_node:
         options += ["--nnodes", "2", "--fabric", "infiniband", "--rdzv-endpoint", "node-a:29400"]
     for name, value in env_pairs.items():
@@ -121,13 +122,13 @@ def _run(script: str, workdir: Path, env: dict, *args: str) -> subprocess.Comple
     )
 
 
-def _check(record: Path, canary: Path, values: list[str], env_pairs: dict, extra: list[str]):
+def _check(record: Path, canary: Path, values: list[str], env_pairs: dict, extra: list[str], ckpt_root: str = ""):
     got = read_record(record)
     expected_tail = ["-m", "train", "run", values[4], *values, *extra]
     assert got["argv"][-len(expected_tail):] == expected_tail
     for name, value in env_pairs.items():
         assert got["env"][name] == value, name
-    assert got["env"]["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"/ck pt/$(touch {canary})/`id`'q\"")
+    assert got["env"]["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"{ckpt_root}/ck pt/$(touch {canary})/`id`'q\"")
     assert not canary.exists(), "a hostile value was executed"
     return got
 
@@ -147,19 +148,25 @@ def test_hostile_values_torchrun(sandbox, multi_node):
 
 def test_hostile_values_docker(sandbox):
     workdir, record, canary, env = sandbox
-    options, values, env_pairs = _hostile_job(canary, multi_node=True)
+    root = str(workdir / "host")
+    options, values, env_pairs = _hostile_job(canary, multi_node=True, ckpt_root=root)
     image = "registry.example:5000/team/img:tag@sha256:" + "ab" * 32  # hostile images are refused
     assert run_inproc(["docker", "--image", f"img:tag; touch {canary}"])[0] == 2
     script = render(["docker", *options, "--flight-recorder", "--image", image,
                      "--mount", "/data dir/$(x):/data", "--", *values])
-    proc = _run(script, workdir, env)
+    flags = "--label=a=$(id)`id` --label=b=*"
+    proc = _run(script, workdir, {**env, "LAUNCH_ENGINE_FLAGS": flags})
     assert proc.returncode == 0, proc.stderr
-    _check(record, canary, values, env_pairs, [])
+    _check(record, canary, values, env_pairs, [], ckpt_root=root)
     docker = read_record(record, ".docker")
     assert docker["image"] == image
     assert "--volume=/data dir/$(x):/data" in docker["opts"]
     assert "--network=host" in docker["opts"] and "--device=/dev/infiniband" in docker["opts"]
-    assert {"--gpus=all", "--ipc=host", "--ulimit=memlock=-1", "--ulimit=stack=67108864"} <= set(docker["opts"])
+    assert {"--gpus=all", "--ipc=host", "--ulimit=memlock=-1", "--ulimit=stack=67108864", "--name=hostile",
+            "--stop-timeout=300"} <= set(docker["opts"])
+    assert docker["opts"][-2:] == flags.split()  # split on blanks, no expansion, no globbing
+    ckpt = f"{root}/ck pt/$(touch {canary})/`id`'q\""
+    assert os.path.isdir(ckpt), "the script creates the host checkpoint directory"
 
 
 @pytest.mark.parametrize("pyxis", [False, True], ids=["bare", "pyxis"])

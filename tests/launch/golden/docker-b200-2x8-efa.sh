@@ -8,9 +8,33 @@
 # Note: NVLink SHARP (NVLS) on the NVSwitch is used when NCCL detects it; launch never sets NCCL_NVLS_ENABLE.
 # Note: Needs an image built for sm_100 (image target blackwell) and NCCL >= 2.25.
 # Note: The image must contain libfabric and the aws-ofi-nccl plugin (NCCL loads it as its net plugin).
+#
+# Run-time settings (environment; nothing here needs editing):
+#   LAUNCH_ENGINE=docker|podman    container engine; default: detected (see below)
+#   LAUNCH_ENGINE_FLAGS='--a=1 --b' extra engine flags before the image, split on
+#                                  whitespace (no quotes, no globbing)
+#   LAUNCH_GPUS=all|none|0,1,...   GPUs for the container (none: CPU processes, gloo);
+#                                  default all
+#   LAUNCH_CONTAINER_NAME=NAME     container name; default the job name (train)
+#   LAUNCH_IMAGE_USER=UID:GID      the image's run-time user (Dockerfile APP_UID/APP_GID); default 1000:1000
+#   LAUNCH_ROOTLESS=0|1            rootless engine; default: asked from the engine
+#   LAUNCH_RDZV_ENDPOINT=host:port the c10d rendezvous (same value on every node)
+# Arguments given to this script go to the training program.
 set -euo pipefail
 
 image=hopper-train:blackwell
+container_name=${LAUNCH_CONTAINER_NAME:-train}
+checkpoint_dir=/checkpoints
+# The checkpoint volume: same path on the host and in the container; the preemption
+# checkpoint must be written within the grace period (engine stop timeout below).
+grace_period_s=300
+image_user=${LAUNCH_IMAGE_USER:-1000:1000}
+gpus=${LAUNCH_GPUS:-all}
+fabric_name=efa
+rdma_fabric=1
+
+note() { printf 'launch-docker: %s\n' "$*" >&2; }
+die() { printf 'launch-docker: error: %s\n' "$*" >&2; exit 2; }
 
 # ---- environment (torch, profile b200, fabric efa, options) ----
 docker_env=(
@@ -26,18 +50,16 @@ docker_env=(
   --env=FI_EFA_USE_DEVICE_RDMA=1
 )
 
-# ---- container options ----
+# ---- container options (the same under docker and podman) ----
 docker_opts=(
   # remove the container when training exits
   --rm
-  # all GPUs of the node; torchrun starts one worker per GPU
-  --gpus=all
   # worker processes share memory through /dev/shm (NGC requirement)
   --ipc=host
-  # unlimited pinned memory for CUDA host buffers and RDMA registration
-  --ulimit=memlock=-1
   # 64 MiB stack, as NGC PyTorch containers require
   --ulimit=stack=67108864
+  # `{docker,podman} stop` and engine shutdowns wait --grace-period (300 s) after SIGTERM before SIGKILL (default 10 s), so the preemption checkpoint can finish
+  --stop-timeout=300
   # rendezvous and NCCL bootstrap/socket traffic use the host's interfaces
   --network=host
   # fabric efa: RDMA verbs devices for NCCL
@@ -47,6 +69,151 @@ docker_opts=(
   # checkpoint directory (--checkpoint-dir), same path on the host and in the container
   --volume=/checkpoints:/checkpoints
 )
+
+# ---- engine: LAUNCH_ENGINE, else a docker whose daemon answers (podman's docker shim
+# counts as podman), else podman, else docker (which then reports what is wrong) ----
+engine=${LAUNCH_ENGINE:-}
+if [[ -z "$engine" ]]; then
+  if command -v docker >/dev/null 2>&1 && docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+    engine=docker
+    if docker --version 2>/dev/null | grep -qi podman; then
+      engine=podman
+    fi
+  elif command -v podman >/dev/null 2>&1; then
+    engine=podman
+  elif command -v docker >/dev/null 2>&1; then
+    engine=docker
+  else
+    die "no container engine: install docker or podman, or set LAUNCH_ENGINE"
+  fi
+fi
+case "$engine" in
+  docker | podman) ;;
+  *) die "LAUNCH_ENGINE=$engine: expected docker or podman" ;;
+esac
+
+rootless=${LAUNCH_ROOTLESS:-}
+if [[ -z "$rootless" ]]; then
+  rootless=0
+  if [[ "$engine" == podman ]]; then
+    if [[ "$(podman info --format '{{.Host.Security.Rootless}}' 2>/dev/null || true)" == true ]]; then
+      rootless=1
+    fi
+  elif docker info --format '{{.SecurityOptions}}' 2>/dev/null | grep -q rootless; then
+    rootless=1
+  fi
+fi
+
+# ---- GPUs: docker --gpus (NVIDIA Container Toolkit); podman ignores --gpus and needs
+# CDI (`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml` once per host) ----
+gpu_opts=()
+case "$gpus" in
+  none) note "LAUNCH_GPUS=none: no GPUs, the workers run on the CPU (gloo)" ;;
+  all | [0-9]*)
+    if [[ "$gpus" != all && ! "$gpus" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+      die "LAUNCH_GPUS=$gpus: expected all, none or GPU indices such as 0,1"
+    fi
+    if [[ "$engine" == docker ]]; then
+      if [[ "$gpus" == all ]]; then gpu_opts+=(--gpus=all); else gpu_opts+=("--gpus=\"device=$gpus\""); fi
+    else
+      IFS=, read -r -a gpu_list <<<"$gpus"
+      for gpu in "${gpu_list[@]}"; do gpu_opts+=("--device=nvidia.com/gpu=$gpu"); done
+      gpu_opts+=(--security-opt=label=disable)
+    fi
+    ;;
+  *) die "LAUNCH_GPUS=$gpus: expected all, none or GPU indices such as 0,1" ;;
+esac
+
+# ---- resource limits. A rootless engine, and podman run by a root without
+# CAP_SYS_RESOURCE (e.g. inside another container), can raise a container's limits only up
+# to the caller's own hard limits; above them the container fails to start (EPERM) ----
+limited=0
+limited_why=""
+if [[ "$rootless" == 1 ]]; then
+  limited=1
+  limited_why="rootless $engine"
+elif [[ "$engine" == podman ]]; then
+  capeff=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status 2>/dev/null || true)
+  if [[ -n "$capeff" ]] && (((16#$capeff >> 24) & 1)); then
+    :  # CAP_SYS_RESOURCE: podman sets any limit
+  else
+    limited=1
+    limited_why="podman without CAP_SYS_RESOURCE"
+  fi
+fi
+limit_opts=()
+if ((limited)) && [[ "$engine" == podman && "$rootless" != 1 ]]; then
+  # once --ulimit is given, podman leaves containers.conf's default_ulimits out and asks
+  # for its own (higher) open-file and process limits: pass the ones we may grant
+  # (processes: at most pid_max, which podman itself is held to)
+  hard_nofile=$(ulimit -H -n)
+  hard_nproc=$(ulimit -H -u)
+  pid_max=$(cat /proc/sys/kernel/pid_max 2>/dev/null || echo 32768)
+  if [[ "$hard_nproc" == unlimited ]] || ((hard_nproc > pid_max)); then
+    hard_nproc=$pid_max
+  fi
+  limit_opts+=("--ulimit=nproc=$hard_nproc:$hard_nproc")
+  if [[ "$hard_nofile" != unlimited ]]; then
+    limit_opts+=("--ulimit=nofile=$hard_nofile:$hard_nofile")
+  fi
+fi
+# locked memory: unlimited for CUDA pinned host buffers and RDMA registration
+if [[ "$gpus" != none || "$rdma_fabric" == 1 ]]; then
+  limit_opts+=(--ulimit=memlock=-1)
+  hard_memlock=$(ulimit -H -l)
+  if ((limited)) && [[ "$hard_memlock" != unlimited ]]; then
+    if [[ "$rdma_fabric" == 1 ]]; then
+      die "$limited_why cannot grant --ulimit memlock=-1 (your hard limit: $hard_memlock KiB) and fabric $fabric_name registers memory for RDMA; raise the limit ('<user> hard memlock unlimited' in /etc/security/limits.conf, then log in again) or use a rootful engine"
+    fi
+    note "$limited_why: your hard memlock limit is $hard_memlock KiB, so --ulimit memlock=-1 is left out (pinned-memory copies may be slower); 'unlimited' in /etc/security/limits.conf restores it"
+    unset 'limit_opts[-1]'
+  fi
+fi
+
+# ---- the checkpoint directory on the host: created here and writable by the user the
+# container runs as (the image's user unless said otherwise below) ----
+user_opts=()
+created=0
+if [[ ! -d "$checkpoint_dir" ]]; then
+  mkdir -p -- "$checkpoint_dir"
+  created=1
+fi
+if [[ "$rootless" == 1 ]]; then
+  if [[ "$engine" == podman ]]; then
+    # keep-id: your uid is the same inside, so files are yours on both sides
+    user_opts=(--userns=keep-id "--user=$(id -u):$(id -g)" --env=HOME=/tmp)
+    note "rootless podman: the container runs as you ($(id -u):$(id -g)) so it can write $checkpoint_dir"
+  else
+    # rootless docker maps the container's root to you; any other uid is a sub-uid
+    user_opts=(--user=0:0)
+    note "rootless docker: the container runs as its root, which is you on the host, so it can write $checkpoint_dir"
+  fi
+else
+  if ((created)) && ((EUID == 0)); then
+    chown -- "$image_user" "$checkpoint_dir"
+    note "created $checkpoint_dir owned by $image_user (the image's user)"
+  fi
+  owner=$(stat -c %u:%g -- "$checkpoint_dir" 2>/dev/null || stat -f %u:%g -- "$checkpoint_dir")
+  if [[ "$owner" == 0:0 && "$image_user" != 0:0 ]] && ((EUID == 0)) && [[ -z "$(ls -A -- "$checkpoint_dir")" ]]; then
+    # empty and root-owned (e.g. made by an engine that created a missing volume path)
+    chown -- "$image_user" "$checkpoint_dir"
+    note "$checkpoint_dir was empty and root-owned: now owned by $image_user (the image's user)"
+    owner=$image_user
+  fi
+  if [[ "$owner" != "$image_user" ]]; then
+    user_opts=("--user=$owner")
+    if [[ "$owner" != 0:* ]]; then
+      user_opts+=(--env=HOME=/tmp)
+    fi
+    note "$checkpoint_dir belongs to $owner, not to the image's user $image_user: the container runs as $owner"
+  fi
+fi
+
+# ---- extra engine flags at run time, e.g. LAUNCH_ENGINE_FLAGS='--network=ns:/run/netns/n0 --label=team=x' ----
+extra_opts=()
+if [[ -n "${LAUNCH_ENGINE_FLAGS:-}" ]]; then
+  read -r -a extra_opts <<<"$LAUNCH_ENGINE_FLAGS"
+fi
 
 # Multi-node: run this same script on every node; all of them meet at the c10d
 # rendezvous store on HOST:PORT (LAUNCH_RDZV_ENDPOINT=host:port overrides it at run time).
@@ -68,6 +235,9 @@ torchrun_opts=(
 train_cmd=(
   -m train
   run
+  --out /checkpoints/train
 )
 
-exec docker run "${docker_opts[@]}" "${docker_env[@]}" "$image" torchrun "${torchrun_opts[@]}" "${train_cmd[@]}" "$@"
+note "$engine run --name $container_name (stop it with: $engine stop $container_name; it gets ${grace_period_s}s to checkpoint)"
+exec "$engine" run "--name=$container_name" "${docker_opts[@]}" "${gpu_opts[@]}" "${limit_opts[@]}" "${user_opts[@]}" \
+  "${docker_env[@]}" "${extra_opts[@]}" "$image" torchrun "${torchrun_opts[@]}" "${train_cmd[@]}" "$@"

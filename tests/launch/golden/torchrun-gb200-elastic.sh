@@ -5,7 +5,7 @@
 #   GPU B200 (GB200 superchip) 186GB (sm_100), multi-node NVLink 5 (NVL72 rack-scale NVSwitch), 1.8 TB/s per GPU
 #   FP8: e4m3, e5m2, mxfp8; image target: blackwell
 # Fabric infiniband: Multi-node over InfiniBand with GPUDirect RDMA (NCCL IB verbs transport)
-# Note: Multi-node NVLink needs an operational IMEX domain (on Kubernetes, a DRA ComputeDomain from the NVIDIA GPU DRA driver; add its resourceClaims to the pod).
+# Note: Multi-node NVLink needs an operational IMEX domain; launch k8s renders a DRA ComputeDomain (NVIDIA GPU DRA driver) and its resource claim for multi-node jobs.
 # Note: Keep all nodes of a job inside one NVL72 rack (same nvidia.com/gpu.clique label) to stay on NVLink.
 # Note: NVLink SHARP (NVLS) is used when NCCL detects it; launch never sets NCCL_NVLS_ENABLE.
 # Note: arm64 nodes need an arm64 (or multi-arch) image.
@@ -20,8 +20,6 @@ export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=3
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: after forwarding SIGTERM torchrun waits this long before SIGKILL (default 30 s); grace period 300 s minus a 30 s margin leaves the training loop time to write its preemption checkpoint
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=270
-# NCCL_MNNVL_ENABLE: use multi-node NVLink between trays of the rack and fail at init if it cannot (IMEX domain down, channel not mounted) instead of silently falling back to the much slower NIC path (the default 2 only auto-detects)
-export NCCL_MNNVL_ENABLE=1
 # OMP_NUM_THREADS: torchrun would force 1 thread per worker; a Grace tray has 144 Arm cores for 4 GPUs, 16 per worker still leaves most cores to data loading and NCCL proxy threads
 export OMP_NUM_THREADS=16
 # TORCH_FR_BUFFER_SIZE: --flight-recorder: keep the last N collectives per rank in torch's flight recorder

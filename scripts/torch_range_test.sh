@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The suite's core under the torch minor version of each pinned NGC base (issue 14): the
+# image's torch is NVIDIA's build of that minor, CI's host venv has the newest torch.
+#
+#   docker/Dockerfile.blackwell, hopper-cu128: nvcr.io/nvidia/pytorch:25.03-py3 -> torch 2.7
+#   docker/Dockerfile.hopper, blackwell-cu13:  nvcr.io/nvidia/pytorch:25.12-py3 -> torch 2.10
+#
+# PyPI has no CPU-only wheel for these versions (only the CUDA build, which imports and runs
+# on a CPU machine; torch 2.7.1: an 821 MB wheel plus ~2.5 GB of nvidia-* libraries), so
+# each version gets its own venv under $TORCH_RANGE_DIR, built once and reused (keyed by
+# the version and pyproject.toml). Then a CPU subset of the suite runs in it (gloo, 2
+# processes): config, model, data, DDP, a 2-process torchrun training run, checkpoints.
+#
+# Environment: TORCH_RANGE ("2.7.1 2.10.0"), TORCH_RANGE_DIR (/var/tmp/hopper-train-torch-range),
+#              TORCH_RANGE_TESTS (pytest arguments), PYTHON (python3).
+set -Eeuo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RANGE=${TORCH_RANGE:-2.7.1 2.10.0}
+DIR=${TORCH_RANGE_DIR:-/var/tmp/hopper-train-torch-range}
+PY=${PYTHON:-python3}
+DEFAULT_TESTS='-q -m "not gpu" -p no:cacheprovider tests/train/test_config.py tests/train/test_model.py tests/train/test_data.py tests/train/test_ddp.py tests/train/test_train_run.py::test_two_process_run_learns_and_writes_metrics tests/parallel/test_parallel_checkpoint.py tests/doctor/test_doctor_driver_cuda.py'
+TESTS=${TORCH_RANGE_TESTS:-$DEFAULT_TESTS}
+mkdir -p "$DIR"
+exec 9>"$DIR/lock"
+flock -w 3600 9
+
+key=$(sha256sum "$REPO/pyproject.toml" | cut -c1-12)
+rc=0
+for version in $RANGE; do
+    venv=$DIR/torch-$version-$key
+    t0=$SECONDS
+    if [[ ! -f $venv/.installed ]]; then
+        rm -rf "$DIR"/torch-"$version"-*
+        "$PY" -m venv "$venv"
+        # the machine's pip constraints may cap torch at the newest version: not ours to pin here
+        PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q --disable-pip-version-check "torch==$version"
+        PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q --disable-pip-version-check \
+            "${REPO}[train,dev]" "torch==$version"
+        touch "$venv/.installed"
+    fi
+    echo "==> [torch_range] torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') (venv ready in $((SECONDS - t0))s)"
+    t0=$SECONDS
+    args=()
+    eval "args=($TESTS)"
+    (cd "$REPO" && PYTHONPATH=$REPO PATH="$venv/bin:$PATH" timeout --kill-after=30 1200 \
+        "$venv/bin/python" -m pytest "${args[@]}") || rc=1
+    echo "==> [torch_range] torch $version: tests $((SECONDS - t0))s, $([[ $rc == 0 ]] && echo passed || echo FAILED)"
+done
+exit "$rc"
