@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from launch import catalog
 from launch.spec import (
+    Preflight,
     JobSpec,
     NetworkOverrides,
     Rendezvous,
@@ -102,9 +103,25 @@ def build(o: dict) -> Built:
         p2p_broken=o["p2p_broken"],
         grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
         allow_undocumented_nccl=allow_nccl,
+        preflight=_preflight(o),
     )
     _check_mount_targets(spec)
     return Built(spec, warnings)
+
+
+def _preflight(o: dict) -> Preflight:
+    fraction = o.get("preflight_min_fraction")
+    busbw = o.get("preflight_busbw")
+    enabled = bool(o.get("preflight"))
+    if fraction is None:
+        fraction = 0.5
+    elif not 0 < fraction <= 1:
+        raise SpecError(f"--preflight-min-fraction {fraction!r}: must be in (0, 1]")
+    if busbw is not None and not busbw > 0:
+        raise SpecError(f"--preflight-busbw {busbw!r}: must be > 0 (GB/s)")
+    if not enabled and (o.get("preflight_min_fraction") is not None or busbw is not None):
+        raise SpecError("--preflight-min-fraction / --preflight-busbw need --preflight")
+    return Preflight(enabled, float(fraction), None if busbw is None else float(busbw))
 
 
 def _check_mount_targets(spec: JobSpec) -> None:

@@ -46,6 +46,7 @@ class Profile:
     gpus_per_node: int
     memory_gb: int | None
     cpu_arch: str
+    cpus_per_node: int | None
     interconnect: str
     nvlink: bool
     nvswitch: bool
@@ -75,6 +76,8 @@ class Fabric:
     rdma_resource: RdmaResource | None
     ipc_lock: bool
     notes: tuple[str, ...]
+    busbw_GBps: float | None = None  # declared all-reduce busbw of a healthy fabric (preflight gate)
+    busbw_why: str = ""
 
     @property
     def multi_node(self) -> bool:
@@ -183,6 +186,7 @@ def load_profile(name: str) -> Profile:
         gpus_per_node=gpu["gpus_per_node"],
         memory_gb=gpu.get("memory_gb"),
         cpu_arch=data["cpu_arch"],
+        cpus_per_node=data.get("cpus_per_node"),
         interconnect=link["summary"],
         nvlink=link["nvlink"],
         nvswitch=link["nvswitch"],
@@ -222,6 +226,8 @@ def load_fabric(name: str) -> Fabric:
         else None,
         ipc_lock=k8s.get("ipc_lock", False),
         notes=tuple(data.get("notes", ())),
+        busbw_GBps=float(data["busbw_GBps"]["value"]) if "busbw_GBps" in data else None,
+        busbw_why=" ".join(data["busbw_GBps"]["why"].split()) if "busbw_GBps" in data else "",
     )
 
 

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from launch.safety import InputError, StrictInt, harden_click, one_line
+from launch.safety import InputError, StrictFloat, StrictInt, harden_click, one_line
 from launch.spec import DEFAULT_CHECKPOINT_DIR, DEFAULT_ENTRYPOINT, DEFAULT_GRACE_PERIOD_S, DEFAULT_RDZV_PORT, SpecError
 
 PROG = "launch"
@@ -88,6 +88,14 @@ def job_options(func):
         click.option("--grace-period", type=StrictInt(30, 7 * 24 * 3600), default=DEFAULT_GRACE_PERIOD_S,
                      show_default=True,
                      help="Seconds between SIGTERM and SIGKILL (checkpoint on preemption)."),
+        click.option("--preflight", is_flag=True,
+                     help="Before training, every node runs `train preflight` (doctor facts, per-node link "
+                          "bandwidth, all-reduce vs the fabric's declared busbw); the job stops, naming the "
+                          "slow or broken node, when one is below --preflight-min-fraction. Off by default."),
+        click.option("--preflight-min-fraction", type=StrictFloat(0.0), default=None, metavar="F",
+                     help="Fraction of the expected bandwidth a node must reach (default 0.5)."),
+        click.option("--preflight-busbw", type=StrictFloat(0.0), default=None, metavar="GB/s",
+                     help="Expected all-reduce busbw instead of the fabric YAML's busbw_GBps."),
         click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAIN_ARGS...]"),
     ]
     for option in reversed(options):
@@ -135,14 +143,20 @@ def cli() -> None:
     """
 
 
+VENV_OPTION = click.option("--venv", default=None, metavar="DIR",
+                           help="Virtual environment whose bin/ (torchrun, python) the script puts first on PATH.")
+
+
 @cli.command("torchrun")
 @job_options
+@VENV_OPTION
 def torchrun_cmd(**options):
     """Bash script running torchrun (standalone, or c10d rendezvous on every node)."""
     from launch import scripts
 
+    venv = scripts.parse_venv(options.pop("venv"))
     spec, plan = _prepare(options)
-    _emit(scripts.torchrun_script(spec, plan, _command_line()), options, executable=True)
+    _emit(scripts.torchrun_script(spec, plan, _command_line(), venv), options, executable=True)
 
 
 @cli.command("docker")
@@ -166,7 +180,7 @@ def docker_cmd(**options):
           executable=True)
 
 
-SLURM_KEYS = ("partition", "account", "time", "pyxis")
+SLURM_KEYS = ("partition", "account", "time", "pyxis", "gpu_gres", "venv")
 
 
 @cli.command("slurm")
@@ -175,6 +189,10 @@ SLURM_KEYS = ("partition", "account", "time", "pyxis")
 @click.option("--account", default=None)
 @click.option("--time", default=None, help="Wall-clock limit, Slurm syntax (e.g. 24:00:00).")
 @click.option("--pyxis", is_flag=True, help="Run inside --image with pyxis/enroot (srun --container-image).")
+@click.option("--gpu-gres", default="gpu", show_default=True, metavar="NAME|none",
+              help="GPU request: gpu (--gpus-per-node), another GRES such as gpu:h100 (--gres), "
+                   "or none (CPU-only cluster).")
+@VENV_OPTION
 def slurm_cmd(**options):
     """sbatch script: one task per node running torchrun, rendezvous on the first node."""
     from launch import scripts

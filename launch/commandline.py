@@ -58,3 +58,27 @@ def launcher_args(spec: JobSpec, endpoint: str, rdzv_id: str) -> list[str]:
 def training_args(spec: JobSpec) -> list[str]:
     """Everything after the torchrun options: the program and the pass-through arguments."""
     return program_args(spec.entrypoint) + list(spec.train_args)
+
+
+PREFLIGHT_PORT_OFFSET = 1  # the preflight's rendezvous: same host as the training's, port + 1
+
+
+def preflight_train_args(spec: JobSpec) -> list[str]:
+    """``-m train preflight ...``: the check every node runs before training (--preflight)."""
+    busbw = spec.preflight.busbw_GBps or spec.fabric.busbw_GBps
+    args = ["-m", "train", "preflight", "--min-fraction", f"{spec.preflight.min_fraction:g}"]
+    if busbw:
+        args += ["--expect-busbw", f"{busbw:g}"]
+    return args
+
+
+def preflight_launcher_args(spec: JobSpec, endpoint: str, rdzv_id: str) -> list[str]:
+    """torchrun options of the preflight: the training's, one restart round only; a
+    multi-node preflight meets on its own rendezvous (``endpoint``: the training's host,
+    port + 1; id + "-preflight"), so that a node that finishes the check early can never
+    join the preflight's store while it shuts down."""
+    args = [a for a in launcher_args(spec, endpoint, rdzv_id)]
+    if "--max-restarts" in args:
+        i = args.index("--max-restarts")
+        del args[i:i + 2]
+    return args

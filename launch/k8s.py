@@ -31,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from launch.commandline import training_args
+from launch.commandline import preflight_train_args, training_args
 from launch.envplan import EnvPlan, build_env
 from launch.render import header_lines, render
 from launch.spec import JobSpec, SpecError, check_env_name, check_unique_env, parse_quantity
@@ -269,6 +269,7 @@ class Pod:
     checkpoint_dir: str
     shm_size: str
     pvc: str
+    preflight: str | None = None  # --preflight: the container's `bash -c` wrapper (preflight_script)
 
 
 @dataclass(frozen=True)
@@ -383,6 +384,7 @@ def pytorchjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> 
         container=CONTAINER_NAME,
         image=spec.image,
         args=tuple(training_args(spec)),
+        preflight=preflight_script(spec),
         port=Port(PORT_NAME, spec.rdzv.port),
         secret_env=opts.secret_env,
         gpus=spec.nproc_per_node,
@@ -436,6 +438,8 @@ def default_runtime_name(spec: JobSpec, opts: K8sOptions) -> str:
     exactly that content."""
     pod = _runtime_pod(spec, opts, None, "")
     content = dataclasses.asdict(pod)
+    if content.get("preflight") is None:  # names stay as they were before --preflight existed
+        content.pop("preflight", None)
     content["env"] = [(v.name, v.value) for v in pod.env]
     content["resources"] = [(key, value) for key, value, _ in pod.resources]
     content["runtime"] = {"gang": GANG_TIMEOUT_S if opts.gang else None, "restarts": opts.backoff_limit,
@@ -447,6 +451,9 @@ def default_runtime_name(spec: JobSpec, opts: K8sOptions) -> str:
 
 
 def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
+    if spec.preflight.enabled:
+        raise SpecError("--preflight: rendered for --api pytorchjob only so far (a TrainJob's command "
+                        "comes from its runtime)")
     # JobSet's webhook: <jobset>-<replicatedJob>-<job index>-<pod index> plus the pod's
     # 5-character random suffix must be a DNS-1035 label (jobset pkg/webhooks/jobset_webhook.go)
     longest = f"{spec.name}-{TRAINER_CONTAINER}-0-{spec.nodes.max - 1}-xxxxx"
@@ -462,6 +469,9 @@ def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
 
 
 def cluster_runtime(spec: JobSpec, command: str, opts: K8sOptions) -> str:
+    if spec.preflight.enabled:
+        raise SpecError("--preflight: rendered for --api pytorchjob only so far (a TrainJob's command "
+                        "comes from its runtime)")
     if opts.queue:
         raise SpecError(
             "--queue is per job: pass it to `launch k8s --api trainjob` (Kueue admits the TrainJob "
@@ -529,4 +539,26 @@ def trainjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> st
         opts=opts,
         pod=_runtime_pod(spec, opts, domain, spec.image),
         compute_domain=domain,
+    )
+
+
+def preflight_script(spec: JobSpec) -> str | None:
+    """--preflight in a pod: ``bash -c SCRIPT launch-preflight TRAIN_ARGS...`` runs ``train
+    preflight`` through torchrun (the operator's PET_* variables give it the nodes) on the
+    rendezvous port + 1, then execs the training torchrun with the pod's args."""
+    if not spec.preflight.enabled:
+        return None
+    import shlex
+
+    check = " ".join(shlex.quote(a) for a in preflight_train_args(spec))
+    rid = shlex.quote(f"{spec.rdzv.id}-preflight")
+    return (
+        "set -euo pipefail; "
+        'if [[ -n "${PET_RDZV_ENDPOINT:-}" ]]; then '
+        'pf=(--rdzv-endpoint "${PET_RDZV_ENDPOINT%:*}:$((${PET_RDZV_ENDPOINT##*:} + 1))" '
+        f"--rdzv-id {rid} --max-restarts 0); "
+        f'else pf=(--master-port "$((${{PET_MASTER_PORT:-{spec.rdzv.port}}} + 1))"); fi; '
+        f'torchrun "${{pf[@]}}" {check} || '
+        '{ echo "launch: preflight failed (see above): not starting training" >&2; exit 3; }; '
+        'exec torchrun "$@"'
     )

@@ -56,6 +56,7 @@ PROFILE_SCHEMA = {
             },
         },
         "cpu_arch": {"enum": ["amd64", "arm64"]},
+        "cpus_per_node": {"type": "integer", "minimum": 1},
         "interconnect": {
             "type": "object",
             "additionalProperties": False,
@@ -116,6 +117,17 @@ FABRIC_SCHEMA = {
         "transport": {"enum": ["nvlink", "pcie", "infiniband", "roce", "socket", "efa"]},
         "requires_nvlink": {"type": "boolean"},
         "env": ENV_MAP,
+        # the all-reduce busbw a healthy fabric gives (GB/s); `launch --preflight` refuses to train below
+        # --preflight-min-fraction of it
+        "busbw_GBps": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["value", "why"],
+            "properties": {
+                "value": {"type": "number", "exclusiveMinimum": 0},
+                "why": {"type": "string", "minLength": 10},
+            },
+        },
         "docker": {
             "type": "object",
             "additionalProperties": False,

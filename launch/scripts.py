@@ -5,10 +5,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launch.commandline import Shell, launcher_args, program_args, training_args
+from launch.commandline import (
+    Shell,
+    launcher_args,
+    preflight_launcher_args,
+    preflight_train_args,
+    program_args,
+    training_args,
+)
 from launch.envplan import EnvPlan
 from launch.render import Quoted, group_args, header_lines, render
-from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token
+from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token, reject_control_chars
 
 DOCKER_BASE_FLAGS = (
     ("--rm", "remove the container when training exits"),
@@ -29,15 +36,43 @@ class SlurmOptions:
     account: str | None = None
     time: str | None = None
     pyxis: bool = False
+    gpu_gres: str | None = "gpu"  # None: request no GPUs (CPU-only cluster)
+    venv: str | None = None
 
     @classmethod
-    def parse(cls, partition, account, time, pyxis) -> "SlurmOptions":
+    def parse(cls, partition, account, time, pyxis, gpu_gres="gpu", venv=None) -> "SlurmOptions":
+        if pyxis and venv:
+            raise SpecError("--venv and --pyxis exclude each other: with pyxis, torchrun comes from --image")
         return cls(
             parse_safe_token("--partition", partition),
             parse_safe_token("--account", account),
             parse_safe_token("--time", time),
             bool(pyxis),
+            parse_gres(gpu_gres),
+            parse_venv(venv),
         )
+
+
+_GRES = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(:[A-Za-z0-9_.-]+)?")
+
+
+def parse_gres(value: str | None) -> str | None:
+    """``gpu`` (--gpus-per-node), another GRES name/type such as ``gpu:h100`` (--gres), or ``none``."""
+    if value is None or value == "none":
+        return None
+    if not _GRES.fullmatch(value):
+        raise SpecError(f"--gpu-gres {value!r}: a GRES name such as gpu or gpu:h100, or none")
+    return value
+
+
+def parse_venv(value: str | None) -> str | None:
+    """A virtual environment directory; it lands in PATH, so no ':' there."""
+    if value is None:
+        return None
+    reject_control_chars("--venv", value)
+    if not value.startswith("/") or ":" in value:
+        raise SpecError(f"--venv {value!r}: an absolute directory path without ':'")
+    return value.rstrip("/") or "/"
 
 
 def _common(spec: JobSpec, plan: EnvPlan, command: str) -> dict:
@@ -57,9 +92,29 @@ def _torchrun_groups(spec: JobSpec, endpoint: str, rdzv_id: str) -> list[list[st
     return group_args(launcher_args(spec, endpoint, rdzv_id))
 
 
-def torchrun_script(spec: JobSpec, plan: EnvPlan, command: str) -> str:
+def _preflight(spec: JobSpec, rdzv_id) -> dict:
+    """Template context of --preflight (empty when off)."""
+    if not spec.preflight.enabled:
+        return {"preflight": None}
+    # a shell expression such as "$SLURM_JOB_ID" gets the suffix inside its quotes
+    pid = Shell(rdzv_id[:-1] + '-preflight"') if isinstance(rdzv_id, Shell) else f"{rdzv_id}-preflight"
+    busbw = spec.preflight.busbw_GBps or spec.fabric.busbw_GBps
+    source = ("--preflight-busbw" if spec.preflight.busbw_GBps else
+              f"fabric {spec.fabric.name}: {spec.fabric.busbw_why}" if spec.fabric.busbw_GBps else
+              "no declared busbw: nodes are compared with each other")
+    return {"preflight": {
+        "torchrun_groups": group_args(preflight_launcher_args(spec, Shell('"$preflight_endpoint"'), pid)),
+        "train_groups": group_args(preflight_train_args(spec)),
+        "expect": f"{busbw:g} GB/s ({source})" if busbw else source,
+        "fraction": f"{spec.preflight.min_fraction:g}",
+    }}
+
+
+def torchrun_script(spec: JobSpec, plan: EnvPlan, command: str, venv: str | None = None) -> str:
     ctx = _common(spec, plan, command)
+    ctx.update(venv=venv, pyxis=False, slurm=False)
     ctx["torchrun_groups"] = _torchrun_groups(spec, Shell('"$rdzv_endpoint"'), spec.rdzv.id)
+    ctx.update(_preflight(spec, spec.rdzv.id))
     return render("torchrun.sh.j2", **ctx)
 
 
@@ -138,15 +193,38 @@ def docker_script(spec: JobSpec, plan: EnvPlan, command: str, opts: DockerOption
         rdma_fabric=bool(spec.fabric.docker_devices or "IPC_LOCK" in spec.fabric.docker_cap_add),
         flags=docker_flags(spec),
         torchrun_groups=_torchrun_groups(spec, Shell('"$rdzv_endpoint"'), spec.rdzv.id),
+        **_preflight(spec, spec.rdzv.id),
     )
     return render("docker.sh.j2", **ctx)
 
 
-def _slurm_cpus(spec: JobSpec) -> str | None:
+def slurm_cpus(spec: JobSpec) -> int:
+    """CPUs per node (= per task, one task per node): --cpus, else the profile's cpus_per_node,
+    else 4 per process (the OMP_NUM_THREADS the profiles set)."""
     cpus = spec.resources.cpus
-    if cpus is not None and not re.fullmatch(r"[1-9][0-9]*", cpus):
-        raise SpecError(f"--cpus {cpus!r}: Slurm needs a whole number of CPUs per node")
-    return cpus
+    if cpus is not None:
+        if not re.fullmatch(r"[1-9][0-9]*", cpus):
+            raise SpecError(f"--cpus {cpus!r}: Slurm needs a whole number of CPUs per node")
+        return int(cpus)
+    return spec.profile.cpus_per_node or 4 * spec.nproc_per_node
+
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def slurm_memory(quantity: str) -> str:
+    """A Kubernetes memory quantity (512Gi, 64G, 1.5Ti) as Slurm --mem (binary units, rounded up)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", quantity)
+    unit = match.group(2) if match else "?"
+    scale = _BINARY.get(unit) or _DECIMAL.get(unit)
+    if not scale:
+        raise SpecError(f"--memory {quantity!r}: Slurm needs bytes, e.g. 512Gi, 64G or 500Mi")
+    value = float(match.group(1)) * scale
+    for suffix, size in (("T", 2**40), ("G", 2**30), ("M", 2**20)):
+        if value >= size and value % size == 0:
+            return f"{int(value // size)}{suffix}"
+    return f"{max(1, -(-int(value) // 2**20))}M"
 
 
 def _directive(text: str) -> Quoted:
@@ -162,18 +240,27 @@ def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[Quoted]:
         f"--job-name={spec.name}",
         f"--nodes={nodes}",
         "--ntasks-per-node=1",
-        f"--gpus-per-node={spec.nproc_per_node}",
-        # Preemption / time limit: SIGTERM reaches every step's torchrun grace_period_s before
-        # the end; torchrun forwards it and the training loop checkpoints and exits.
-        f"--signal=TERM@{spec.grace_period_s}",
+        f"--cpus-per-task={slurm_cpus(spec)}",
     ]
-    cpus = _slurm_cpus(spec)
-    if cpus:
-        directives.append(f"--cpus-per-task={cpus}")
+    if opts.gpu_gres == "gpu":
+        directives.append(f"--gpus-per-node={spec.nproc_per_node}")
+    elif opts.gpu_gres:
+        directives.append(f"--gres={opts.gpu_gres}:{spec.nproc_per_node}")
+    if spec.resources.memory:
+        directives.append(f"--mem={slurm_memory(spec.resources.memory)}")
+    directives += [
+        # Preemption / time limit: SIGTERM reaches every process of the steps grace_period_s
+        # before the end; the training processes checkpoint, the script requeues the job.
+        f"--signal=TERM@{spec.grace_period_s}",
+        "--requeue",
+        # One log per job: every attempt (requeue) appends to it after its own header line.
+        "--open-mode=append",
+        Quoted("--output=%x-%j.out"),  # a constant: %x job name, %j job id (sbatch patterns)
+    ]
     for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)):
         if value:
             directives.append(f"--{flag}={value}")
-    return [_directive(d) for d in directives]
+    return [d if isinstance(d, Quoted) else _directive(d) for d in directives]
 
 
 def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
@@ -182,6 +269,8 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
         (Shell('--ntasks="$SLURM_JOB_NUM_NODES"'), "one torchrun per node"),
         ("--ntasks-per-node=1", "torchrun itself starts --nproc-per-node workers"),
         ("--kill-on-bad-exit=1", "stop the other nodes when one torchrun fails"),
+        (Shell('--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"'),
+         "the job's CPUs for each task: srun >= 22.05 does not inherit --cpus-per-task from sbatch"),
     ]
     if opts.pyxis:
         flags.append((f"--container-image={spec.image}", "pyxis/enroot: run torchrun inside the image"))
@@ -195,9 +284,13 @@ def slurm_script(spec: JobSpec, plan: EnvPlan, command: str, opts: SlurmOptions)
     ctx = _common(spec, plan, command)
     ctx.update(
         directives=slurm_directives(spec, opts),
+        venv=opts.venv,
+        pyxis=opts.pyxis,
+        slurm=True,
         port=spec.rdzv.port,
         srun_flags=srun_flags(spec, opts),
         torchrun_groups=_torchrun_groups(spec, Shell('"$rdzv_endpoint"'), Shell('"$SLURM_JOB_ID"')),
+        **_preflight(spec, Shell('"$SLURM_JOB_ID"')),
     )
     return render("slurm.sbatch.j2", **ctx)
 

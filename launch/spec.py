@@ -93,6 +93,15 @@ class NetworkOverrides:
 
 
 @dataclass(frozen=True)
+class Preflight:
+    """``--preflight``: every node runs ``train preflight`` (one torchrun) before training."""
+
+    enabled: bool = False
+    min_fraction: float = 0.5
+    busbw_GBps: float | None = None  # None: the fabric's declared busbw_GBps
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     image: str
@@ -113,6 +122,7 @@ class JobSpec:
     p2p_broken: bool = False
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
     allow_undocumented_nccl: bool = False
+    preflight: Preflight = field(default_factory=Preflight)
 
 
 # --------------------------------------------------------------------------- parsers

@@ -45,3 +45,23 @@ def cluster():
 def cluster3():
     """Three nodes, node0..node2."""
     yield from _make(3)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A 2-node cluster running real Slurm (munged, slurmctld, slurmd per node); see slurm.py."""
+    from cluster.slurm import Slurm, slurm_missing
+
+    reason = skip_reason() or slurm_missing()
+    if reason:
+        pytest.skip(reason)
+    cleanup_leftovers()
+    cluster = Cluster(2)
+    try:
+        daemons = Slurm(cluster)
+        try:
+            yield daemons
+        finally:
+            daemons.stop()
+    finally:
+        cluster.teardown()

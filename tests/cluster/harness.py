@@ -82,6 +82,17 @@ def netem_reason() -> str | None:
     return None
 
 
+def _cgroup_v1() -> list[str]:
+    """Mount options of the host's cgroup v1 hierarchies (``cpu``, ``memory``, ``none,name=systemd`` ...)."""
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[2] == "cgroup":
+            opts = [o for o in fields[3].split(",") if o not in ("rw", "ro", "relatime", "nosuid", "nodev", "noexec")]
+            found.append(",".join(o if not o.startswith("name=") else o for o in opts) or "none")
+    return found or ["none,name=systemd"]
+
+
 def _sh(*argv: str, check: bool = True, netns: str | None = None) -> subprocess.CompletedProcess:
     cmd = (["ip", "netns", "exec", netns] if netns else []) + list(argv)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
@@ -176,11 +187,12 @@ class Node:
         return self.cluster.command(self, argv)
 
     def popen(self, argv: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None,
-              clean_env: bool = False, **kwargs) -> subprocess.Popen:
-        """Start ``argv`` on this node in a new session (kill it with ``kill_tree``)."""
+              clean_env: bool = False, host_cgroups: bool = False, **kwargs) -> subprocess.Popen:
+        """Start ``argv`` on this node in a new session (kill it with ``kill_tree``). ``host_cgroups``:
+        see the host's /sys/fs/cgroup (``ip netns exec`` mounts a fresh /sys without it; slurmd needs it)."""
         full_env = dict(env or {}) if clean_env else {**os.environ, **(env or {})}
         kwargs.setdefault("start_new_session", True)
-        return subprocess.Popen(self.command(argv), env=full_env, cwd=cwd, **kwargs)
+        return subprocess.Popen(self.cluster.command(self, argv, host_cgroups), env=full_env, cwd=cwd, **kwargs)
 
     def run(self, argv: list[str], timeout: float = 60, env: dict | None = None,
             cwd: str | os.PathLike | None = None, check: bool = False) -> subprocess.CompletedProcess:
@@ -314,10 +326,15 @@ class Cluster:
                 return node
         raise KeyError(name)
 
-    def command(self, node: Node, argv: list[str]) -> list[str]:
+    def command(self, node: Node, argv: list[str], host_cgroups: bool = False) -> list[str]:
         """argv running ``argv`` on ``node``: its netns, /etc/hosts and a UTS namespace named after it."""
+        setup = 'hostname "$0"'
+        if host_cgroups:  # the host's cgroup v1 hierarchies, mounted again under the fresh /sys
+            setup += (" && mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup && for c in " + " ".join(_cgroup_v1())
+                      + '; do mkdir -p "/sys/fs/cgroup/${c#name=}" && mount -t cgroup -o "$c" cgroup '
+                      '"/sys/fs/cgroup/${c#name=}"; done')
         return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--",
-                "sh", "-c", 'hostname "$0" && exec "$@"', node.name, *map(str, argv)]
+                "sh", "-c", setup + ' && exec "$@"', node.name, *map(str, argv)]
 
     # ------------------------------------------------------------------ link shaping
 

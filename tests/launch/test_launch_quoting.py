@@ -173,7 +173,7 @@ STUBS = {
                 "open(os.environ['REC'] + '.torchrun', 'w').write(json.dumps(rec))\n",
     "docker": "import json, os, sys\nopen(os.environ['REC'] + '.docker', 'w').write(json.dumps(sys.argv[1:]))\n",
     "srun": "import json, os, sys\nopen(os.environ['REC'] + '.srun', 'w').write(json.dumps(sys.argv[1:]))\n"
-            "args = sys.argv[1:]\nwhile args and args[0] != 'torchrun': args.pop(0)\nos.execvp(args[0], args)\n",
+            "args = sys.argv[1:]\nwhile args and args[0] not in ('torchrun', 'bash'): args.pop(0)\nos.execvp(args[0], args)\n",
     "scontrol": "print('node-a')\nprint('node-b')\n",
 }
 
@@ -294,7 +294,7 @@ def test_hostile_names_execute_nothing(monkeypatch, sandbox, job_id, argv):
     lines = script.splitlines()
     assert len(lines) == len(plain)
     for line, plain_line in zip(lines, plain):
-        assert line[:1] == plain_line[:1] and (line == "" or line[0] in "#abcdefghijklmnopqrstuvwxyz_)( "), line
+        assert line[:1] == plain_line[:1] and (line == "" or line[0] in "#abcdefghijklmnopqrstuvwxyz_)( }"), line
 
 
 @pytest.mark.parametrize("job_id,argv", [j for j in JOBS if j[1][0].startswith("k8s")], ids=[j[0] for j in JOBS if j[1][0].startswith("k8s")])

@@ -95,6 +95,7 @@ def sandbox(tmp_path):
         "SLURM_JOB_NODELIST": "node-[a-b]",
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_JOB_ID": "4242",
+        "SLURM_CPUS_PER_TASK": "112",
     }
     return tmp_path, record, canary, env
 
@@ -203,7 +204,8 @@ def test_slurm_directives(tmp_path):
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives == [
         "#SBATCH --job-name=b200-el", "#SBATCH --nodes=2-4", "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --gpus-per-node=8", "#SBATCH --signal=TERM@300", "#SBATCH --cpus-per-task=96", "#SBATCH --partition=gpu",
+        "#SBATCH --cpus-per-task=96", "#SBATCH --gpus-per-node=8", "#SBATCH --signal=TERM@300", "#SBATCH --requeue",
+        "#SBATCH --open-mode=append", "#SBATCH --output=%x-%j.out", "#SBATCH --partition=gpu",
         "#SBATCH --account=proj", "#SBATCH --time=1-00:00:00",
     ]
     assert run_inproc(["slurm", "--cpus", "500m"])[0] == 2

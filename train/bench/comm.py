@@ -264,8 +264,15 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
               help="Set NCCL_P2P_DISABLE / NCCL_SHM_DISABLE before init (docs/communication.md).")
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
 @click.option("--name", default=None, help="Report name (default: comm, or comm_<link>).")
+@click.option("--recommend", is_flag=True,
+              help="From the all_reduce busbw at the largest size: none, LocalSGD or PowerSGD (train/comm/advice.py).")
+@click.option("--apply", "apply_path", type=click.Path(path_type=Path), default=None,
+              help="Write the recommended comm.* keys into this YAML config (implies --recommend).")
+@click.option("--tflops", type=float, default=None,
+              help="Achieved TFLOP/s per GPU for the recommendation (default: 40%% of 989, H100/H200 bf16).")
+@click.option("--tokens-per-gpu", type=int, default=None, help="Tokens per GPU per step (default 8192).")
 def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p, p2p_bytes,
-             raw, emulate_link, out_dir, name) -> None:
+             raw, emulate_link, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> None:
     """Collective bandwidth sweep (nccl-tests style) + P2P matrix. Run under torchrun."""
     from train.bench.report import check_report
     from train.cli import fail
@@ -287,6 +294,13 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
         p2p_size = parse_size(p2p_bytes)
         if warmup < 1 or iters < 1 or max_seconds <= 0:
             raise ValueError("--warmup and --iters must be >= 1, --max-seconds > 0")
+        recommend = recommend or apply_path is not None
+        if recommend and "all_reduce" not in op_list:
+            raise ValueError("--recommend needs all_reduce in --ops")
+        if (tflops is not None and tflops <= 0) or (tokens_per_gpu is not None and tokens_per_gpu <= 0):
+            raise ValueError("--tflops and --tokens-per-gpu must be > 0")
+        if apply_path is not None and apply_path.is_dir():
+            raise ValueError(f"--apply {apply_path}: is a directory")
     except ValueError as exc:
         fail(str(exc), 2)
     from train.preflight import world_size_from_env
@@ -328,11 +342,42 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
         p2p_cols = ["src", "dst", "bytes", "iters", "time_us", "bw_GBps"]
         click.echo(write_report(out_dir, f"{name}_p2p", p2p_rows, p2p_cols, meta,
                                 chart=_chart_p2p if have_matplotlib() else None))
+    if recommend:
+        _recommend(rows, info.world_size, tflops, tokens_per_gpu, apply_path, out_dir / f"{name}.json")
     if ref:
         click.echo(f"\nall_reduce {ref['dtype']} {human(ref['bytes'])}: "
                    f"bench busbw {ref['bench_busbw_GBps']:.2f} GB/s, raw loop {ref['raw_busbw_GBps']:.2f} GB/s "
                    f"({ref['diff_pct']:+.2f}%)")
     click.echo(f"wrote {out_dir / name}.json/.md/.png")
+
+
+def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
+    """Print (and with --apply, write) the choice of train.comm.advice for the measured link."""
+    import json
+
+    from train.cli import fail
+    from train.comm import advice
+    from train.config import ConfigError
+
+    ar = [r for r in rows if r["op"] == "all_reduce" and r.get("busbw_GBps")]
+    if not ar:
+        fail("--recommend: no all_reduce was measured", 1)
+    last = ar[-1]
+    kw = {"tflops": tflops or advice.REF_TFLOPS, "tokens": tokens or advice.REF_TOKENS}
+    adv = advice.recommend(last["busbw_GBps"], world, **kw)
+    click.echo(f"\n{adv.line()}  [all_reduce {last['size']} {last['dtype']}]")
+    click.echo(advice.table_markdown(world, **kw))
+    data = json.loads(json_path.read_text())
+    data["recommendation"] = {"hook": adv.hook, "overrides": adv.overrides, "rho": adv.rho,
+                              "busbw_GBps": adv.busbw_GBps, "size": last["size"], "reason": adv.reason,
+                              **adv.inputs}
+    json_path.write_text(json.dumps(data, indent=2))
+    if apply_path is not None:
+        try:
+            advice.apply_to_config(apply_path, adv)
+        except (ConfigError, OSError) as exc:
+            fail(str(exc), 2)
+        click.echo(f"applied: {apply_path} now has {' '.join(adv.overrides)}")
 
 
 def _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds, p2p_bytes, raw):

@@ -52,6 +52,10 @@ def variant_overrides(spec: str) -> tuple[str, list[str]]:
     if kind == "powersgd":
         rank = parse_ascii_int("--variants powersgd:R", arg or "4", 1, 1 << 16)
         return f"powersgd r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}"]
+    if kind == "powersgd-torch":  # torch's own powerSGD_hook, for comparison
+        rank = parse_ascii_int("--variants powersgd-torch:R", arg or "4", 1, 1 << 16)
+        return f"powersgd-torch r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}",
+                                             "comm.powersgd_impl=torch"]
     if kind == "topk":
         ratio = parse_finite_float("--variants topk:RATIO", arg or "0.01")
         if not 0 < ratio <= 1:
@@ -60,7 +64,7 @@ def variant_overrides(spec: str) -> tuple[str, list[str]]:
     if kind == "localsgd":
         period = parse_ascii_int("--variants localsgd:PERIOD", arg or "4", 1, 1 << 16)
         return f"localsgd {period}", ["comm.hook=localsgd", f"comm.localsgd_period={period}"]
-    raise ValueError(f"--variants: unknown {excerpt(spec)} (none, fp16, bf16, powersgd:R, topk:RATIO, localsgd:PERIOD)")
+    raise ValueError(f"--variants: unknown {excerpt(spec)} (none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD)")
 
 
 def timing_window(steps: int, start_iter: int, period: int) -> tuple[int, int]:
@@ -181,20 +185,21 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     periods = [j.comm.localsgd_period for _, j in jobs if j.comm.hook == "localsgd"] or [1]
     window = timing_window(steps, start_iter, math.lcm(*periods))
     rows = []
+    j0 = jobs[0][1]
+    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
     try:
         for label, job in jobs:
             rows.append(_run_variant(label, job, info, runs_dir or out_dir / "compression_runs", window, loss_window))
+            if info.is_main and len(rows) < len(jobs):  # what is done survives a time limit
+                _relative_to_none(rows)
+                partial = {"partial": f"{len(rows)} of {len(jobs)} variants",
+                           "command": " ".join(["train", *sys.argv[1:]])}
+                write_report(out_dir, name, rows, COLUMNS + ["error"] * any("error" in r for r in rows), partial)
     finally:
         tdist.shutdown()
     if not info.is_main:
         return
-    base_row = next((r for r in rows if r["variant"] == "none" and r.get("step_ms")), None)
-    for r in rows:
-        if base_row and r.get("step_ms"):
-            r["speedup"] = base_row["step_ms"] / r["step_ms"]
-            r["loss_vs_none_pct"] = 100.0 * (r["loss"] / base_row["loss"] - 1)
-    j0 = jobs[0][1]
-    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
+    _relative_to_none(rows)
     meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), "world_size": info.world_size,
             "model": j0.model.name, "batch": f"{j0.train.batch_size}x{j0.train.seq_len} per rank",
             "steps": steps, "timed_steps": f"{window[0]}..{window[1]}", "loss": f"mean of the last {loss_window} steps",
@@ -206,6 +211,14 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     click.echo(write_report(out_dir, name, rows, cols, meta, chart=_chart if have_matplotlib() else None))
     click.echo(f"wrote {out_dir / name}.json/.md/.png; per-variant runs under "
                f"{runs_dir or out_dir / 'compression_runs'}")
+
+
+def _relative_to_none(rows: list[dict]) -> None:
+    base_row = next((r for r in rows if r["variant"] == "none" and r.get("step_ms")), None)
+    for r in rows:
+        if base_row and r.get("step_ms"):
+            r["speedup"] = base_row["step_ms"] / r["step_ms"]
+            r["loss_vs_none_pct"] = 100.0 * (r["loss"] / base_row["loss"] - 1)
 
 
 def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int) -> dict:

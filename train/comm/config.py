@@ -4,7 +4,8 @@
 
 * ``none``: DDP's built-in all-reduce (full precision).
 * ``fp16`` / ``bf16``: torch's ``default_hooks`` (half the bytes).
-* ``powersgd``: torch's PowerSGD (low-rank, error feedback, warm start).
+* ``powersgd``: PowerSGD (low-rank, error feedback, warm start); ``powersgd_impl`` picks
+  our sync-free hook (``train``) or torch's ``powerSGD_hook`` (``torch``).
 * ``topk``: Top-K sparsification with error feedback (``train.comm.topk``).
 * ``localsgd``: no gradient exchange after a warm-up; parameters are averaged every
   ``localsgd_period`` optimizer steps (torch's post-local SGD + PeriodicModelAverager).
@@ -23,6 +24,7 @@ class CommConfig:
     powersgd_rank: int = 4  # matrix_approximation_rank
     powersgd_start_iter: int = 10  # plain all-reduce before this step (>= 2: DDP rebuilds buckets after step 1)
     powersgd_warm_start: bool = True
+    powersgd_impl: str = "train"  # train: our hook without the per-bucket synchronize | torch: torch's powerSGD_hook
     topk_ratio: float = 0.01  # fraction of each bucket's elements sent per step
     topk_start_iter: int = 10  # plain all-reduce before this step (>= 2, as for PowerSGD)
     localsgd_period: int = 4  # optimizer steps between parameter averages
@@ -34,6 +36,8 @@ class CommConfig:
 
         if self.hook not in HOOKS:
             raise ConfigError(f"comm.hook: must be one of {', '.join(HOOKS)}, got {self.hook!r}")
+        if self.powersgd_impl not in ("train", "torch"):
+            raise ConfigError(f"comm.powersgd_impl: must be train or torch, got {self.powersgd_impl!r}")
         if self.powersgd_rank < 1:
             raise ConfigError(f"comm.powersgd_rank: must be >= 1, got {self.powersgd_rank}")
         for name in ("powersgd_start_iter", "topk_start_iter"):

@@ -54,7 +54,7 @@ def register_comm_hook(ddp, cfg, par) -> None:
         state = powersgd.make_state(cfg)
         ckpt = powersgd.checkpoint(state, device)
         par.extra_state["comm_powersgd"] = ckpt
-        ddp.register_comm_hook(state, probed_hook(ckpt.wrap(powersgd.powersgd_call_factory()), probe))
+        ddp.register_comm_hook(state, probed_hook(ckpt.wrap(powersgd.powersgd_call_factory(cfg.powersgd_impl)), probe))
     elif cfg.hook == "topk":
         state = topk.TopKState(ratio=cfg.topk_ratio, start_iter=cfg.topk_start_iter)
         ckpt = BucketStateCheckpoint(state.state_dict, lambda sd: state.load_state_dict(sd, device))

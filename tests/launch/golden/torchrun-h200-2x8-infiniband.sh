@@ -8,6 +8,7 @@
 # Note: Same NVLink/NVSwitch topology as H100; NCCL auto-detection needs no variable.
 # Note: NVLink SHARP (NVLS) is left to NCCL's auto-detection.
 # Note: NCCL finds the HCAs, their GPU affinity and GPUDirect RDMA by itself; set --ib-hca only to exclude storage/management HCAs.
+# Exit status: torchrun's; after SIGTERM/SIGINT with the checkpoint written, 143/130.
 set -euo pipefail
 
 # ---- environment (torch, profile h200, fabric infiniband, options) ----
@@ -17,6 +18,9 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=3
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=270
 # OMP_NUM_THREADS: torchrun would force 1 thread per worker; 8 of the ~14 host cores per GPU on an HGX node speeds up CPU-side ops while leaving room for data-loader workers and NCCL proxy threads
 export OMP_NUM_THREADS=8
+
+# Interpreter: torchrun from PATH at run time'';
+# render with --venv DIR to pin the environment.
 
 # Multi-node: run this same script on every node; all of them meet at the c10d
 # rendezvous store on HOST:PORT (LAUNCH_RDZV_ENDPOINT=host:port overrides it at run time).
@@ -41,4 +45,123 @@ train_cmd=(
   --set optim.lr=3e-4
 )
 
-exec torchrun "${torchrun_opts[@]}" "${train_cmd[@]}" "$@"
+# ---- torchrun under a graceful-stop wrapper ----
+# SIGTERM or SIGINT to this script (or to every process of the job, as Slurm and container
+# engines do) becomes one SIGTERM to each training process, which finishes its step, writes a
+# checkpoint and exits 0; torchrun then exits 0 as for a finished run. torchrun itself ignores
+# SIGTERM/SIGINT (inherited SIG_IGN; PET_SIGNALS_TO_HANDLE, i.e. --signals-to-handle, and
+# TORCHELASTIC_SIGNALS_TO_HANDLE on older torch leave them out), so it never
+# raises SignalException (exit 1 and a traceback). A second signal stops torchrun at once (SIGHUP).
+# shellcheck disable=SC2329  # called from a trap or through declare -f
+launch_children() {
+  local file
+  if [[ -r /proc/$1/task/$1/children ]]; then
+    for file in /proc/"$1"/task/*/children; do
+      cat "$file" 2>/dev/null || true
+    done
+  else
+    pgrep -P "$1" || true
+  fi
+}
+# shellcheck disable=SC2329  # called from a trap or through declare -f
+launch_stop() {
+  if [[ -n $launch_stop_signal ]]; then
+    echo "launch: second SIG$1 on $(hostname): stopping torchrun now" >&2
+    kill -HUP "$launch_torchrun_pid" 2>/dev/null || true
+    return 0
+  fi
+  launch_stop_signal=$1
+  echo "launch: SIG$1 on $(hostname): the training processes checkpoint and exit" >&2
+  launch_forward
+}
+# One SIGTERM to each of torchrun's workers, repeated every 2 s for workers started since (or
+# still starting: they inherit torchrun's ignored SIGTERM until the program installs its handler,
+# read from /proc/PID/status). Never twice to one worker: Python restores the default action
+# while it shuts down, and a second SIGTERM then would kill it after its checkpoint.
+# shellcheck disable=SC2329  # called from launch_stop and run_torchrun
+launch_forward() {
+  local pid key value ign cgt
+  for pid in $(launch_children "$launch_torchrun_pid"); do
+    if [[ " $launch_told " == *" $pid "* ]]; then
+      continue
+    fi
+    ign=0 cgt=0
+    while read -r key value; do
+      case $key in
+        SigIgn:) ign=$value ;;
+        SigCgt:) cgt=$value ;;
+      esac
+    done <"/proc/$pid/status" 2>/dev/null || continue
+    if (((0x$ign >> 14) & 1)) && ! (((0x$cgt >> 14) & 1)); then
+      continue
+    fi
+    kill -TERM "$pid" 2>/dev/null || true
+    launch_told+=" $pid"
+  done
+}
+# One wait for process $1 (a trapped signal interrupts it): sets launch_running and, once the
+# process has ended, launch_status.
+launch_wait() {
+  local again=0
+  launch_status=0
+  wait "$1" || launch_status=$?
+  if kill -0 "$1" 2>/dev/null; then
+    launch_running=true
+    return 0
+  fi
+  launch_running=false
+  if ((launch_status > 128)); then
+    wait "$1" 2>/dev/null || again=$?
+    if ((again != 127)); then
+      launch_status=$again
+    fi
+  fi
+}
+# run_torchrun STOPPED_EXIT ARGS...: STOPPED_EXIT is the exit status after a graceful stop,
+# "signal" for 128+signal number (143 SIGTERM, 130 SIGINT).
+# shellcheck disable=SC2329  # called from a trap or through declare -f
+run_torchrun() {
+  local stopped_exit=$1
+  shift
+  if ! command -v torchrun >/dev/null 2>&1; then
+    echo "launch: torchrun not found on PATH on $(hostname): activate the training environment or render with --venv DIR" >&2
+    return 2
+  fi
+  launch_stop_signal=""
+  launch_told=""
+  (
+    trap '' TERM INT
+    export PET_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT TORCHELASTIC_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT
+    exec torchrun "$@"
+  ) &
+  launch_torchrun_pid=$!
+  trap 'launch_stop TERM' TERM
+  trap 'launch_stop INT' INT
+  launch_running=true
+  while [[ $launch_running == true ]]; do
+    launch_wait "$launch_torchrun_pid"
+    while [[ -n $launch_stop_signal ]] && kill -0 "$launch_torchrun_pid" 2>/dev/null; do
+      sleep 2
+      launch_forward
+    done
+  done
+  trap - TERM INT
+  if [[ -z $launch_stop_signal ]]; then
+    return "$launch_status"
+  fi
+  if ((launch_status != 0)); then
+    echo "launch: stopped by SIG$launch_stop_signal; torchrun exited $launch_status: no new checkpoint" >&2
+    return "$launch_status"
+  fi
+  echo "launch: stopped by SIG$launch_stop_signal; the training processes exited cleanly (checkpoint written)" >&2
+  if [[ -n ${LAUNCH_STOP_FILE:-} ]]; then
+    echo "$launch_stop_signal" >"$LAUNCH_STOP_FILE"
+  fi
+  if [[ $stopped_exit == signal ]]; then
+    [[ $launch_stop_signal == INT ]] && return 130
+    return 143
+  fi
+  return "$stopped_exit"
+}
+
+run_torchrun signal "${torchrun_opts[@]}" "${train_cmd[@]}" "$@"
