@@ -60,7 +60,8 @@ def test_emulate_link_sets_documented_nccl_switches():
 
 
 def test_compression_bench_helpers():
-    assert variant_overrides("powersgd:8") == ("powersgd r=8", ["comm.hook=powersgd", "comm.powersgd_rank=8"])
+    assert variant_overrides("powersgd:8") == ("powersgd r=8", ["comm.hook=powersgd", "comm.powersgd_rank=8",
+                                                                   "comm.powersgd_impl=train"])
     assert variant_overrides("topk:0.01")[0] == "topk 1%"
     assert variant_overrides("localsgd:4")[1] == ["comm.hook=localsgd", "comm.localsgd_period=4"]
     with pytest.raises(ValueError):

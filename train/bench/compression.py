@@ -45,13 +45,13 @@ DEFAULT_VARIANTS = "none,fp16,powersgd:1,powersgd:4,powersgd:8,topk:0.01,localsg
 
 
 def variant_overrides(spec: str) -> tuple[str, list[str]]:
-    """``"powersgd:4"`` -> (``"powersgd r=4"``, ``["comm.hook=powersgd", "comm.powersgd_rank=4"]``)."""
+    """``"powersgd:4"`` -> (``"powersgd r=4"``, ``[..., "comm.powersgd_impl=train"]``; ``powersgd-torch:R``: torch's hook)."""
     kind, _, arg = spec.strip().partition(":")
     if kind in ("none", "fp16", "bf16") and not arg:
         return kind, [f"comm.hook={kind}"]
     if kind == "powersgd":
         rank = parse_ascii_int("--variants powersgd:R", arg or "4", 1, 1 << 16)
-        return f"powersgd r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}"]
+        return f"powersgd r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}", "comm.powersgd_impl=train"]
     if kind == "powersgd-torch":  # torch's own powerSGD_hook, for comparison
         rank = parse_ascii_int("--variants powersgd-torch:R", arg or "4", 1, 1 << 16)
         return f"powersgd-torch r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}",

@@ -36,11 +36,13 @@ Choosing the fastest gives the thresholds (one table, :data:`THRESHOLDS`):
 * rho >= 1.2: **PowerSGD (r = 4)**: 1/165 of the bytes; its fixed compute cost is
   repaid. Warm-up of 10 plain steps (``comm.powersgd_start_iter``) before it starts.
 
-K = 0.3 is an assumption for our sync-free hook, not yet a measurement:
-``scripts/gpu/slowlink.sh`` prints K for each PowerSGD variant (step time minus exposed
-communication minus the uncompressed step's compute, over that compute); set
-COMPUTE_OVERHEAD from it. torch's hook, with a device synchronize per bucket, measured
-K ~ 1 on NVLink (220 vs 109 ms/step), which would move the second threshold to 4.1.
+K = 0.3 is kept as a conservative bound, not a point measurement: on 2xH200 over a
+10 Gbit/s veth (``scripts/gpu/slowlink.sh``, docs/results/h200x2-slowlink/summary.md) the
+decomposition "step time minus exposed communication minus the uncompressed step's
+compute, over that compute" gave K = -0.22 (r=4), +0.16 (r=8), -0.51 (r=1): within the
+noise of that decomposition, i.e. PowerSGD's compute is small next to a 350m step. The
+LocalSGD band stays because of the loss it keeps: after 100 steps there, LocalSGD 4 was
++3.7% over the uncompressed loss, PowerSGD r=4 +9.1%.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ OVERLAP = 0.5  # fraction of the step's compute that hides the gradient all-redu
 LOCALSGD_PERIOD = 4
 POWERSGD_RANK = 4
 POWERSGD_RATIO = 165.0  # bytes(uncompressed) / bytes(PowerSGD r=4), 350m (docs/communication.md)
-COMPUTE_OVERHEAD = 0.3  # PowerSGD compression compute / step compute (our hook): assumed, see above
+COMPUTE_OVERHEAD = 0.3  # PowerSGD compression compute / step compute: a bound, measured values above
 
 REF_TFLOPS = 0.4 * 989.0  # achieved per GPU: H100/H200 bf16 dense peak at MFU 0.4
 REF_TOKENS = 8192  # tokens per GPU per step (batch 4 x 2048)

@@ -24,7 +24,9 @@ class CommConfig:
     powersgd_rank: int = 4  # matrix_approximation_rank
     powersgd_start_iter: int = 10  # plain all-reduce before this step (>= 2: DDP rebuilds buckets after step 1)
     powersgd_warm_start: bool = True
-    powersgd_impl: str = "train"  # train: our hook without the per-bucket synchronize | torch: torch's powerSGD_hook
+    # torch: torch's powerSGD_hook (default: 257.8 vs 290.8 ms/step on 2xH200 at 10 Gbit/s,
+    # docs/results/h200x2-slowlink) | train: our hook without the per-bucket synchronize
+    powersgd_impl: str = "torch"
     topk_ratio: float = 0.01  # fraction of each bucket's elements sent per step
     topk_start_iter: int = 10  # plain all-reduce before this step (>= 2, as for PowerSGD)
     localsgd_period: int = 4  # optimizer steps between parameter averages
