@@ -137,5 +137,9 @@ from train.doctor import doctor  # noqa: E402
 
 main.add_command(doctor)
 
+from train.prepare import data  # noqa: E402
+
+main.add_command(data)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -36,6 +36,9 @@ class DataConfig:
     path: str = ""  # token file for source=file (a .json metadata file sits beside it)
     cache_dir: str = ""  # where the embedded corpus is cached ("" = ~/.cache/hopper-train)
     embedded_mb: int = 8  # size cap of the embedded corpus, MiB of source text
+    # source=file: the tokenizer the file must have been prepared with (`train data prepare
+    # --tokenizer` value, or a sha256 prefix of >= 8 hex digits); "" = not checked
+    tokenizer: str = ""
 
     def validate(self) -> None:
         if self.source not in ("embedded", "file", "synthetic"):
