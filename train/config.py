@@ -112,6 +112,10 @@ class CheckpointConfig:
     keep: int = 3  # complete checkpoints to retain (0 = keep all)
     final: bool = True  # write one at the last step
     resume: str = "auto"  # auto (resume when a checkpoint exists under torchrun restarts) | never | always
+    # DCP async_save: stage to host memory (pinned on CUDA), write in a background thread;
+    # `latest` moves only once every rank's write finished and verified. Final and
+    # preemption checkpoints still wait for their write.
+    async_save: bool = False
 
     def validate(self) -> None:
         if self.every < 0 or self.keep < 0:

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,7 +107,9 @@ class Trainer:
             job.data, job.train.seq_len, job.train.batch_size,
             ShardInfo(self.par.dp_rank, self.par.dp_world), job.train.seed, job.model.vocab_size,
         )
-        self.ckpt = CheckpointManager(out_dir / "checkpoints", info, job.checkpoint.keep)
+        self.ckpt = CheckpointManager(out_dir / "checkpoints", info, job.checkpoint.keep,
+                                      async_save=job.checkpoint.async_save, timeout_s=job.train.timeout_s)
+        self._ckpt_written = False  # every rank's background checkpoint write has finished
         self.step = 0
         self.at_step: int | str = "resume"  # the step in progress (named in collective errors)
         self.nan_skips = 0
@@ -164,7 +167,9 @@ class Trainer:
         with tdist.collective("all_reduce (parameter finiteness check)"):
             return tdist.all_true(self.info, bool(ok.item()))
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, wait: bool = True) -> Path:
+        """Checkpoint the current step. ``wait=False`` with checkpoint.async_save returns once
+        the state is staged; :meth:`_commit_written_checkpoint` commits it later."""
         if not self._params_finite():
             latest = self.ckpt.latest_local()
             where = f"last good checkpoint: {latest}" if latest else "no checkpoint was written"
@@ -181,9 +186,24 @@ class Trainer:
             "nan_skips": self.nan_skips,
             "parallel": {name: obj.state_dict() for name, obj in self.par.extra_state.items()},
         }
-        path = self.ckpt.save(self.step, self.par.model, self.optimizer, extra)
-        self._log(f"checkpoint saved: {path}")
+        self._commit_written_checkpoint()  # at most one save in flight: finish the previous one first
+        path = self.ckpt.save(self.step, self.par.model, self.optimizer, extra, wait=wait)
+        mode = "async" if self.job.checkpoint.async_save else "sync"
+        waited = " and waiting for the write" if mode == "async" and wait else ""
+        self._log(f"checkpoint {path.name}: stall {self.ckpt.last_stall_s * 1000:.1f} ms ({mode}{waited})")
+        if self.ckpt.in_flight is None:
+            self._log(f"checkpoint saved: {path}")
         return path
+
+    def _commit_written_checkpoint(self) -> str | None:
+        """Commit the async save whose write every rank has finished (agreed in _agree)."""
+        t0 = time.perf_counter()
+        path = self.ckpt.finish()
+        if path is None:
+            return None
+        self._log(f"checkpoint saved: {path} (async: background write {self.ckpt.last_write_s:.2f} s, "
+                  f"commit {(time.perf_counter() - t0) * 1000:.1f} ms)")
+        return str(path)
 
     # ------------------------------------------------------------------ the step
     def _forward_backward(self) -> torch.Tensor:
@@ -206,19 +226,22 @@ class Trainer:
         return loss_sum
 
     def _agree(self, loss: torch.Tensor, nonfinite: bool) -> tuple[float, bool, bool]:
-        """One small all-reduce per step: mean loss, any rank non-finite, any rank preempted."""
+        """One small all-reduce per step: mean loss, any rank non-finite, any rank preempted,
+        and (async checkpoints) whether every rank's background write has finished."""
         vec = torch.stack([
             loss.float(),
             torch.tensor(float(nonfinite), device=self.device),
             torch.tensor(float(self.preemption.requested), device=self.device),
+            torch.tensor(float(self.ckpt.ready()), device=self.device),
         ])
         if self.info.backend is not None:
             with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
                 dist.all_reduce(vec)
                 vec[0] /= self.info.world_size
-                mean_loss, bad, stop = vec.tolist()
+                mean_loss, bad, stop, written = vec.tolist()
         else:
-            mean_loss, bad, stop = vec.tolist()
+            mean_loss, bad, stop, written = vec.tolist()
+        self._ckpt_written = written >= self.info.world_size
         return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0
 
     def train_step(self) -> tuple[float, float, bool]:
@@ -276,6 +299,8 @@ class Trainer:
                 for collect in self.par.step_metrics:  # e.g. comm_bytes, exposed_comm_ms (comm.measure)
                     step_stats.update(collect())
                 self.step += 1
+                if self._ckpt_written:
+                    summary.checkpoint = self._commit_written_checkpoint() or summary.checkpoint
                 summary.losses.append(loss)
                 if summary.steps_run == 0:
                     summary.first_loss = loss
@@ -303,8 +328,11 @@ class Trainer:
                     self._log(f"preempted: checkpoint written at step {self.step}; exiting")
                     break
                 if every and self.step % every == 0 and self.step < total:
-                    summary.checkpoint = str(self.save_checkpoint())
+                    path = self.save_checkpoint(wait=False)
+                    if self.ckpt.in_flight is None:
+                        summary.checkpoint = str(path)
             else:
+                summary.checkpoint = self._commit_written_checkpoint() or summary.checkpoint  # waits
                 if job.checkpoint.final and (summary.steps_run or summary.checkpoint is None):
                     latest = self.ckpt.latest()
                     if latest is None or latest.name != f"step_{self.step:08d}":
@@ -327,6 +355,8 @@ class Trainer:
         group) before the group is destroyed. Otherwise the reducer can end up freeing
         the group itself, with the GIL held, while a gloo worker thread needs the GIL to
         finish its last work: a deadlock at exit (seen here in 3 of 12 kill-and-restart runs on CPU)."""
+        if getattr(self, "ckpt", None) is not None:
+            self.ckpt.abandon()
         self.par = None
         self.optimizer = None
         self.scheduler = None

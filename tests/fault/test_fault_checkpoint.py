@@ -175,9 +175,9 @@ _DIE_ON_SIGXFSZ = ("import runpy, signal; signal.signal(signal.SIGXFSZ, signal.S
                    "runpy.run_module('train', run_name='__main__', alter_sys=True)")
 
 
-def test_crash_during_save_keeps_previous_and_resume_cleans_up(tmp_path):
+def test_crash_during_save_keeps_previous_and_resume_cleans_up(tmp_path, checkpoint_mode):
     out = tmp_path / "run"
-    base = ["run", "--out", str(out), "--checkpoint-every", "2", *SMALL]
+    base = ["run", "--out", str(out), "--checkpoint-every", "2", *SMALL, *checkpoint_mode]
     first = train_cli([*base, "--steps", "4"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads((out / "checkpoints" / "step_00000004" / "manifest.json").read_text())["step"] == 4
@@ -209,14 +209,14 @@ def _mount_tmpfs(path: Path, size: str) -> str | None:
     return None if res.returncode == 0 else f"mount -t tmpfs failed: {res.stderr.strip()}"
 
 
-def test_disk_full_during_save_is_one_clear_error_and_keeps_previous(tmp_path):
+def test_disk_full_during_save_is_one_clear_error_and_keeps_previous(tmp_path, checkpoint_mode):
     disk = tmp_path / "disk"
     why = _mount_tmpfs(disk, "2600k")  # room for one checkpoint of this model (~1.8 MB), not two
     if why:
         pytest.skip(why)
     try:
         out = disk / "run"
-        res = train_cli(["run", "--out", str(out), "--steps", "6", "--checkpoint-every", "2", *SMALL])
+        res = train_cli(["run", "--out", str(out), "--steps", "6", "--checkpoint-every", "2", *SMALL, *checkpoint_mode])
         err = res.stderr
         assert res.returncode == 1, err[-3000:]
         lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
