@@ -129,10 +129,20 @@ class MetricsConfig:
     peak_tflops: float = 0.0  # dense bf16 peak per GPU for MFU; 0 = detect from the GPU name
     tensorboard: bool = False
     progress: bool = True  # rank-0 progress bar
+    trace_steps: str = ""  # "A:B": torch.profiler trace of steps A..B per rank (OUT/traces/), see train/trace.py
+    prometheus_file: str = ""  # Prometheus textfile (relative: under OUT), rewritten atomically per logged step
+    wandb: bool = False  # log the same rows to Weights & Biases (needs the wandb extra)
+    wandb_project: str = "hopper-train"
 
     def validate(self) -> None:
+        from train.trace import parse_window
+
         if self.peak_tflops < 0:
             raise ConfigError(f"metrics.peak_tflops: must be >= 0, got {self.peak_tflops}")
+        try:
+            parse_window(self.trace_steps)
+        except ValueError as exc:
+            raise ConfigError(f"metrics.trace_steps: {exc}") from None
 
 
 @dataclass
@@ -211,7 +221,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
     else:
         raise ConfigError(f"{key}: unsupported field type {tp}")
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    hint = " (quote it: YAML reads an unquoted A:B such as 10:12 as a base-60 number)" if tp is str else ""
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}{hint}")
 
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
@@ -252,6 +263,8 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        if isinstance(value, int) and ":" in raw:  # YAML 1.1 reads 10:12 as base 60 (612): keep "10:12"
+            value = raw.strip()
         node = out
         parts = key.split(".")
         for part in parts[:-1]:

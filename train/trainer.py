@@ -26,6 +26,7 @@ from train.optim import build_optimizer, build_scheduler
 from train.parallel import Parallelized, parallelize
 from train.precision import amp
 from train.precision.fp8 import apply_float8
+from train.trace import StepTracer, parse_window, phase
 
 
 class NonFiniteLossError(RuntimeError):
@@ -187,7 +188,8 @@ class Trainer:
             "parallel": {name: obj.state_dict() for name, obj in self.par.extra_state.items()},
         }
         self._commit_written_checkpoint()  # at most one save in flight: finish the previous one first
-        path = self.ckpt.save(self.step, self.par.model, self.optimizer, extra, wait=wait)
+        with phase("checkpoint"):
+            path = self.ckpt.save(self.step, self.par.model, self.optimizer, extra, wait=wait)
         mode = "async" if self.job.checkpoint.async_save else "sync"
         waited = " and waiting for the write" if mode == "async" and wait else ""
         self._log(f"checkpoint {path.name}: stall {self.ckpt.last_stall_s * 1000:.1f} ms ({mode}{waited})")
@@ -214,13 +216,15 @@ class Trainer:
             targets = targets.to(self.device, non_blocking=True)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
             with sync_ctx, self.par.loss_context():
-                with amp.autocast(self.precision, self.device), self.par.forward_context():
-                    logits = self.par.model(inputs)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1)) / self.accum
-                if self.scaler is not None:
-                    self.scaler.scale(loss).backward()
-                else:
-                    loss.backward()
+                with phase("forward"):
+                    with amp.autocast(self.precision, self.device), self.par.forward_context():
+                        logits = self.par.model(inputs)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1)) / self.accum
+                with phase("backward"):
+                    if self.scaler is not None:
+                        self.scaler.scale(loss).backward()
+                    else:
+                        loss.backward()
             # loss_parallel: the loss is a replicated DTensor
             loss_sum += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
         return loss_sum
@@ -247,27 +251,28 @@ class Trainer:
     def train_step(self) -> tuple[float, float, bool]:
         with tdist.collective(_GRAD_SYNC.get(self.job.parallel.strategy, "gradient collectives (forward/backward)")):
             loss = self._forward_backward()
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        # On CUDA the host blocks at the first .item() after the collectives were queued:
-        # that is where a hung gradient all_reduce is seen, so it is inside the context too.
-        with tdist.collective("all_reduce (gradient buckets / gradient norm)"):
-            grad_norm = _clip_grad_norm(self.par.model.parameters(), self.job.optim.grad_clip)
-            # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
-            norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
-        mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
-        if nonfinite:
-            self._handle_nonfinite(mean_loss, float(grad_norm))
-        else:
+        with phase("optimizer"):  # unscale, clip (grad-norm all_reduce), agreement all_reduce, step
             if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+                self.scaler.unscale_(self.optimizer)
+            # On CUDA the host blocks at the first .item() after the collectives were queued:
+            # that is where a hung gradient all_reduce is seen, so it is inside the context too.
+            with tdist.collective("all_reduce (gradient buckets / gradient norm)"):
+                grad_norm = _clip_grad_norm(self.par.model.parameters(), self.job.optim.grad_clip)
+                # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
+                norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
+            mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
+            if nonfinite:
+                self._handle_nonfinite(mean_loss, float(grad_norm))
             else:
-                self.optimizer.step()
-            self.scheduler.step()
-            for hook in self.par.after_optimizer_step:
-                hook()
-        self.optimizer.zero_grad(set_to_none=True)
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.scheduler.step()
+                for hook in self.par.after_optimizer_step:
+                    hook()
+            self.optimizer.zero_grad(set_to_none=True)
         return mean_loss, float(grad_norm), stop
 
     def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
@@ -288,10 +293,12 @@ class Trainer:
         tokens_per_step = job.train.batch_size * job.train.seq_len * self.accum * self.par.dp_world
         timer = StepTimer(self.device)
         progress = _Progress(self.info.is_main and job.metrics.progress, total, self.step)
+        tracer = StepTracer(parse_window(job.metrics.trace_steps), self.out_dir, self.info.rank, self.device)
         timed_tokens, timed_s = 0, 0.0
         try:
             while self.step < total:
                 self.at_step = self.step + 1
+                tracer.begin(self.step + 1)
                 timer.start()
                 loss, grad_norm, stop = self.train_step()
                 dt = timer.stop()
@@ -331,6 +338,7 @@ class Trainer:
                     path = self.save_checkpoint(wait=False)
                     if self.ckpt.in_flight is None:
                         summary.checkpoint = str(path)
+                tracer.end(self.step)
             else:
                 summary.checkpoint = self._commit_written_checkpoint() or summary.checkpoint  # waits
                 if job.checkpoint.final and (summary.steps_run or summary.checkpoint is None):
@@ -340,6 +348,7 @@ class Trainer:
                     else:
                         summary.checkpoint = str(latest)
         finally:
+            tracer.close()
             progress.close()
             self.metrics.close()
         summary.final_step = self.step
