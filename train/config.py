@@ -143,6 +143,12 @@ class MetricsConfig:
             parse_window(self.trace_steps)
         except ValueError as exc:
             raise ConfigError(f"metrics.trace_steps: {exc}") from None
+        from train.exporters import missing
+
+        for key, on, module in (("prometheus_file", self.prometheus_file, "prometheus_client"),
+                                ("wandb", self.wandb, "wandb")):
+            if on and (why := missing(module)):
+                raise ConfigError(f"metrics.{key}: {why}")
 
 
 @dataclass

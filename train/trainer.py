@@ -19,6 +19,7 @@ from train import dist as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
 from train.config import ConfigError
 from train.data import ShardInfo, build_loader
+from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.metrics import MetricsLogger, StepTimer, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
@@ -131,7 +132,8 @@ class Trainer:
             peak_bf16_tflops(torch.cuda.get_device_name(self.device)) if self.device.type == "cuda" else None
         )
         self.metrics = MetricsLogger(
-            out_dir, info.is_main, self.flops_per_token, peak, info.world_size, job.metrics.tensorboard
+            out_dir, info.is_main, self.flops_per_token, peak, info.world_size, job.metrics.tensorboard,
+            sinks=build_sinks(job.metrics, out_dir, job.to_dict()) if info.is_main else (),
         )
 
     # ------------------------------------------------------------------ resume
