@@ -39,6 +39,9 @@ def test_wandb_offline_run_logs_every_row(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((out / "wandb").iterdir())
-    summary = json.loads((runs[0] / "files" / "wandb-summary.json").read_text())
-    last = read_metrics(out / "metrics.jsonl")[-1]
-    assert summary["_step"] == 3 and summary["loss"] == pytest.approx(last["loss"])
+    # The offline run log (protobuf records; history values are stored as JSON text).
+    (log,) = runs[0].glob("run-*.wandb")
+    data = log.read_bytes()
+    rows = read_metrics(out / "metrics.jsonl")
+    assert len(rows) == 3 and b"tokens_per_s" in data
+    assert all(json.dumps(r["loss"]).encode() in data for r in rows)
