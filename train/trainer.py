@@ -172,7 +172,9 @@ class Trainer:
 
     def save_checkpoint(self, wait: bool = True) -> Path:
         """Checkpoint the current step. ``wait=False`` with checkpoint.async_save returns once
-        the state is staged; :meth:`_commit_written_checkpoint` commits it later."""
+        the state is staged; :meth:`_commit_written_checkpoint` commits it later. The logged
+        stall is all the time the loop spends here (incl. waiting for a previous write)."""
+        t0 = time.perf_counter()
         if not self._params_finite():
             latest = self.ckpt.latest_local()
             where = f"last good checkpoint: {latest}" if latest else "no checkpoint was written"
@@ -194,7 +196,7 @@ class Trainer:
             path = self.ckpt.save(self.step, self.par.model, self.optimizer, extra, wait=wait)
         mode = "async" if self.job.checkpoint.async_save else "sync"
         waited = " and waiting for the write" if mode == "async" and wait else ""
-        self._log(f"checkpoint {path.name}: stall {self.ckpt.last_stall_s * 1000:.1f} ms ({mode}{waited})")
+        self._log(f"checkpoint {path.name}: stall {(time.perf_counter() - t0) * 1000:.1f} ms ({mode}{waited})")
         if self.ckpt.in_flight is None:
             self._log(f"checkpoint saved: {path}")
         return path
