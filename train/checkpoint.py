@@ -32,6 +32,7 @@ components must follow that rule.
 from __future__ import annotations
 
 import datetime
+import inspect
 import io
 import json
 import os
@@ -60,6 +61,7 @@ try:  # torch >= 2.9: reusable (pinned) staging buffers for async_save
     from torch.distributed.checkpoint.staging import StagingOptions as _StagingOptions
 except ImportError:  # older torch: async_save stages into fresh host memory each time
     _DefaultStager = _StagingOptions = None
+_ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 
 from train import dist as tdist
 
@@ -283,8 +285,9 @@ class CheckpointManager:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
             if self.async_save:
-                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group,
-                                        async_stager=self._get_stager())
+                stager = self._get_stager()
+                kwargs = {"async_stager": stager} if stager is not None else {}
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group, **kwargs)
                 self._pending = _Pending(step, tmp, final, previous, future, time.perf_counter())
             else:
                 with tdist.collective("checkpoint save (DCP gather/scatter)"):
@@ -385,11 +388,15 @@ class CheckpointManager:
     def _get_stager(self):
         """One stager for the whole run: its host buffers (pinned when CUDA is used) are
         reused by every save instead of being allocated and pinned each time."""
-        if self._stager is None and _DefaultStager is not None:
+        if self._stager is None and _DefaultStager is not None and "async_stager" in _ASYNC_SAVE_PARAMS:
             cuda = torch.cuda.is_available() and self.info.device.type == "cuda"
-            self._stager = _DefaultStager(_StagingOptions(
-                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=cuda))
+            try:
+                self._stager = _DefaultStager(_StagingOptions(
+                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                    use_non_blocking_copy=cuda))
+            except TypeError as exc:  # a torch whose StagingOptions differ: async_save's own staging
+                _warn(f"DCP DefaultStager unavailable ({exc}); async_save stages into fresh host memory")
+                self._stager = None
         return self._stager
 
     def abandon(self) -> None:

@@ -159,6 +159,36 @@ def test_retention_keeps_k_and_cleans_crash_leftovers(tmp_path):
     assert all(verify(mgr.root / n) is None for n in names if n.startswith("step_"))
 
 
+def test_async_save_commits_only_in_finish_with_the_state_at_save_time(tmp_path):
+    """``latest`` and the step directory appear only when the background write is
+    committed; the written state is the one staged at save time, not what training did
+    afterwards; a second save first commits the one in flight (never two at once)."""
+    mgr = CheckpointManager(tmp_path / "checkpoints", ONE, keep=0, async_save=True)
+    m, opt = _model(1)
+    mgr.save(2, m, opt, {"step": 2})
+    assert (mgr.root / "latest").read_text().strip() == "step_00000002" and mgr.in_flight is None
+    mgr.save(4, m, opt, {"step": 4}, wait=False)
+    saved = m.output.weight.detach().clone()
+    assert mgr.in_flight == 4 and (mgr.root / ".tmp-step_00000004").is_dir()
+    assert not (mgr.root / "step_00000004").exists()
+    assert (mgr.root / "latest").read_text().strip() == "step_00000002"
+    with torch.no_grad():  # training goes on while the write runs
+        m.output.weight.add_(1.0)
+    assert mgr.finish() == mgr.root / "step_00000004" and mgr.in_flight is None
+    assert (mgr.root / "latest").read_text().strip() == "step_00000004" and verify(mgr.root / "step_00000004") is None
+    mgr.save(6, m, opt, {"step": 6}, wait=False)
+    mgr.save(8, m, opt, {"step": 8}, wait=False)
+    assert mgr.in_flight == 8 and verify(mgr.root / "step_00000006") is None
+    mgr.abandon()  # never committed: stays a .tmp- directory that later saves clean up
+    assert not (mgr.root / "step_00000008").exists() and (mgr.root / "latest").read_text().strip() == "step_00000006"
+    fresh, fopt = _model(2)
+    path, extra = CheckpointManager(mgr.root, ONE, keep=0).load_latest(fresh, fopt)
+    assert path.name == "step_00000006" and extra["step"] == 6
+    m4, o4 = _model(3)
+    CheckpointManager(mgr.root, ONE, keep=0).load(mgr.root / "step_00000004", m4, o4)
+    assert torch.equal(m4.output.weight, saved)
+
+
 # ----------------------------------------------------------------------------- real crashes
 
 
