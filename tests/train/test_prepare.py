@@ -165,13 +165,13 @@ def test_tiny_preset_trains_on_prepared_text(corpus, tmp_path):
     res = train_cli(["data", "prepare", str(src), "--tokenizer", str(d / "tok"), "--out", str(tmp_path / "c.bin")])
     assert res.returncode == 0, res.stderr[-3000:]
     out = tmp_path / "run"
-    run = torchrun(["run", "--config", "tiny", "--steps", "40", "--out", str(out), "--set", "data.source=file",
+    run = torchrun(["run", "--config", "tiny", "--steps", "30", "--out", str(out), "--set", "data.source=file",
                     "--set", f"data.path={tmp_path / 'c.bin'}", "--set", f"model.vocab_size={VOCAB}",
                     "--set", f"data.tokenizer={d / 'tok'}", "--set", "train.log_every=5",
                     "--set", "metrics.progress=false", "--set", "checkpoint.every=0"])
     assert run.returncode == 0, run.stderr[-3000:]
     rows = read_metrics(out / "metrics.jsonl")
-    assert rows[-1]["step"] == 40 and rows[-1]["loss"] < rows[0]["loss"] - 1.0, [r["loss"] for r in rows]
+    assert rows[-1]["step"] == 30 and rows[-1]["loss"] < rows[0]["loss"] - 1.0, [r["loss"] for r in rows]
     wrong = train_cli(["run", "--config", "tiny", "--steps", "2", "--out", str(tmp_path / "wrong"),
                        "--set", "data.source=file", "--set", f"data.path={tmp_path / 'c.bin'}",
                        "--set", f"model.vocab_size={VOCAB}", "--set", "data.tokenizer=gpt2"])

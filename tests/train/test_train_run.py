@@ -37,9 +37,9 @@ def test_two_process_run_learns_and_writes_metrics(tmp_path):
 
 def test_resume_is_bitwise_identical(tmp_path, checkpoint_mode):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    # every=4: the checkpoint of step 4 (async: written in the background while steps 5+ run)
-    # is committed before the one resumed from (step 8).
-    common = [*SMALL, "--set", "optim.decay_steps=16", "--set", "checkpoint.every=4", *checkpoint_mode]
+    # every=8: the straight run's step-8 checkpoint is (async:) written in the background
+    # while steps 9+ run; the split run resumes from its final step-8 checkpoint.
+    common = [*SMALL, "--set", "optim.decay_steps=16", "--set", "checkpoint.every=8", *checkpoint_mode]
     a = torchrun(["run", "--steps", "16", "--out", str(straight), *common])
     assert a.returncode == 0, a.stderr[-3000:]
     b1 = torchrun(["run", "--steps", "8", "--out", str(split), *common])
