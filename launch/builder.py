@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from launch import catalog
@@ -18,6 +19,7 @@ from launch.spec import (
     parse_env_pairs,
     parse_mount,
     parse_name,
+    parse_image,
     parse_nnodes,
     parse_port,
     parse_positive_int,
@@ -61,9 +63,9 @@ def build(o: dict) -> Built:
         )
 
     name = parse_name(o["name"])
-    image = reject_control_chars("--image", o["image"] or default_image(profile))
-    if not image.strip():
-        raise SpecError("--image is empty")
+    image = parse_image(default_image(profile) if o["image"] is None else o["image"],
+                        enroot=o.get("image_syntax") == "enroot")
+    allow_nccl = bool(o.get("allow_undocumented_nccl"))
     host, port = parse_endpoint(o["rdzv_endpoint"], parse_port(o["rdzv_port"]))
     rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"] or name))
 
@@ -81,7 +83,7 @@ def build(o: dict) -> Built:
         max_restarts=torchrun_max_restarts(nodes, o["max_restarts"]),
         entrypoint=parse_entrypoint(o["entrypoint"]),
         train_args=tuple(o["train_args"]),
-        env=parse_env_pairs(o["env"]),
+        env=parse_env_pairs(o["env"], allow_nccl),
         mounts=tuple(parse_mount(m) for m in o["mount"]),
         checkpoint_dir=check_path("--checkpoint-dir", o["checkpoint_dir"]),
         resources=Resources(
@@ -96,6 +98,7 @@ def build(o: dict) -> Built:
         ),
         p2p_broken=o["p2p_broken"],
         grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
+        allow_undocumented_nccl=allow_nccl,
     )
     return Built(spec, warnings)
 
@@ -103,6 +106,6 @@ def build(o: dict) -> Built:
 def _gid_index(value: str | None) -> str | None:
     if value is None:
         return None
-    if not value.lstrip("-").isdigit() or int(value) < -1:
+    if not re.fullmatch(r"-?[0-9]{1,4}", value) or int(value) < -1:
         raise SpecError(f"--ib-gid-index {value!r}: a GID table index (or -1 for NCCL's auto-selection)")
     return value

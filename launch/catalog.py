@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from launch.safety import excerpt
 from launch.spec import SpecError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -115,22 +116,17 @@ def _read_yaml(path: Path) -> dict:
     try:
         stamp = path.stat().st_mtime_ns
     except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc}") from None
+        raise SpecError(f"{excerpt(str(path))}: cannot read ({exc.strerror})") from None
     return _parse_yaml(str(path), stamp)
 
 
 @lru_cache(maxsize=64)
 def _parse_yaml(path_str: str, _stamp: int) -> dict:
-    import yaml  # lazy: keeps `launch --help` fast
+    from launch.safety import load_yaml_file
 
-    path = Path(path_str)
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (safe loader)
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path}: cannot read: {exc}".replace("\n", " ")) from None
+    data = load_yaml_file(Path(path_str), "")
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping at the top level")
+        raise SpecError(f"{excerpt(path_str)}: expected a mapping at the top level")
     return data
 
 

@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from launch.safety import InputError, StrictInt, harden_click, one_line
 from launch.spec import DEFAULT_CHECKPOINT_DIR, DEFAULT_ENTRYPOINT, DEFAULT_GRACE_PERIOD_S, DEFAULT_RDZV_PORT, SpecError
 
 PROG = "launch"
@@ -50,7 +51,7 @@ def job_options(func):
                      help="Network fabric; default from the profile (single-node or multi-node)."),
         click.option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
                      help="Node count, or MIN:MAX for an elastic job."),
-        click.option("--nproc-per-node", type=int, default=None, metavar="N",
+        click.option("--nproc-per-node", type=StrictInt(1, 4096), default=None, metavar="N",
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
         click.option("--image", default=None, help="Container image; default hopper-train:<image target>."),
         click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
@@ -58,13 +59,17 @@ def job_options(func):
                      help="Write here (atomically) instead of stdout."),
         click.option("--rdzv-endpoint", default=None, metavar="HOST[:PORT]",
                      help="c10d rendezvous host for multi-node torchrun/docker scripts."),
-        click.option("--rdzv-port", type=int, default=DEFAULT_RDZV_PORT, show_default=True),
+        click.option("--rdzv-port", type=StrictInt(1, 65535), default=DEFAULT_RDZV_PORT, show_default=True),
         click.option("--rdzv-id", default=None, help="Rendezvous id; default: the job name."),
-        click.option("--max-restarts", type=int, default=None,
+        click.option("--max-restarts", type=StrictInt(0, 1000), default=None,
                      help="torchrun worker-group restarts; default 0, or 3 for elastic jobs."),
         click.option("--entrypoint", default=DEFAULT_ENTRYPOINT, show_default=True,
                      help="Training program; arguments after `--` are appended unchanged."),
-        click.option("--env", multiple=True, metavar="NAME=VALUE", help="Extra environment (repeatable)."),
+        click.option("--env", multiple=True, metavar="NAME=VALUE",
+                     help="Extra environment (repeatable; each name once; NCCL_* names must be documented NCCL "
+                          "variables; NCCL_NVLS_ENABLE only 0)."),
+        click.option("--allow-undocumented-nccl", is_flag=True,
+                     help="Accept NCCL_* names in --env/--env-secret that NCCL does not document."),
         click.option("--mount", multiple=True, metavar="SRC:DST[:ro]",
                      help="Host path to mount (docker, Slurm+pyxis)."),
         click.option("--checkpoint-dir", default=DEFAULT_CHECKPOINT_DIR, show_default=True,
@@ -73,14 +78,15 @@ def job_options(func):
         click.option("--memory", default=None, help="Memory per node, k8s quantity (e.g. 512Gi)."),
         click.option("--nccl-debug", default=None, metavar="LEVEL", help="NCCL_DEBUG (VERSION|WARN|INFO|TRACE)."),
         click.option("--nccl-debug-subsys", default=None, metavar="LIST", help="NCCL_DEBUG_SUBSYS filter."),
-        click.option("--flight-recorder", type=int, default=None, is_flag=False, flag_value=2000,
+        click.option("--flight-recorder", type=StrictInt(1, 10_000_000), default=None, is_flag=False, flag_value=2000,
                      metavar="[N]", help="Torch flight recorder: keep N collectives, dump on timeout."),
         click.option("--p2p-broken", is_flag=True,
                      help="PCIe P2P is broken here (IOMMU/ACS): set NCCL_P2P_DISABLE=1."),
         click.option("--socket-ifname", default=None, help="NCCL_SOCKET_IFNAME (e.g. =eth1)."),
         click.option("--ib-hca", default=None, help="NCCL_IB_HCA (e.g. =mlx5_0,mlx5_1)."),
         click.option("--ib-gid-index", default=None, help="NCCL_IB_GID_INDEX (RoCE)."),
-        click.option("--grace-period", type=int, default=DEFAULT_GRACE_PERIOD_S, show_default=True,
+        click.option("--grace-period", type=StrictInt(30, 7 * 24 * 3600), default=DEFAULT_GRACE_PERIOD_S,
+                     show_default=True,
                      help="Seconds between SIGTERM and SIGKILL (checkpoint on preemption)."),
         click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAIN_ARGS...]"),
     ]
@@ -164,6 +170,7 @@ def slurm_cmd(**options):
 
     job, extra = _job_keys(options, SLURM_KEYS)
     opts = scripts.SlurmOptions.parse(**extra)
+    job["image_syntax"] = "enroot" if opts.pyxis else "oci"
     spec, plan = _prepare(job)
     _emit(scripts.slurm_script(spec, plan, _command_line(), opts), job, executable=True)
 
@@ -184,8 +191,8 @@ K8S_KEYS = ("namespace", "pvc", "shm_size", "rdma_resource", "queue", "gang", "i
 @click.option("--image-pull-secret", multiple=True, help="Registry credentials Secret name (repeatable).")
 @click.option("--node-selector", multiple=True, metavar="KEY=VALUE")
 @click.option("--pod-annotation", multiple=True, metavar="KEY=VALUE", help="E.g. a Multus network for RoCE.")
-@click.option("--backoff-limit", type=int, default=3, show_default=True)
-@click.option("--ttl-seconds", type=int, default=7 * 24 * 3600, show_default=True,
+@click.option("--backoff-limit", type=StrictInt(0, 1000), default=3, show_default=True)
+@click.option("--ttl-seconds", type=StrictInt(0, 2**31 - 1), default=7 * 24 * 3600, show_default=True,
               help="runPolicy.ttlSecondsAfterFinished.")
 @click.option("--env-secret", multiple=True, metavar="NAME=SECRET:KEY", help="Env var from a Secret key.")
 def k8s_cmd(**options):
@@ -197,6 +204,7 @@ def k8s_cmd(**options):
         extra["namespace"], extra["pvc"], extra["shm_size"], extra["rdma_resource"], extra["queue"],
         extra["gang"], extra["image_pull_secret"], extra["node_selector"], extra["pod_annotation"],
         extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"],
+        allow_undocumented_nccl=job["allow_undocumented_nccl"],
     )
     spec, plan = _prepare(job)
     if spec.mounts:
@@ -255,17 +263,22 @@ def profiles_cmd():
         click.echo(f"  {name:<14} {f.description} [{f.scope}]")
 
 
+harden_click(cli)  # any numeric option added later is ASCII-only, bounded and finite too
+
 # --------------------------------------------------------------------------- entry point
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: user errors are one line on stderr and exit status 2."""
+    """Console entry point: user errors are one line on stderr and exit status 2.
+
+    Known user-error classes are mapped here (bad values, unreadable/unwritable files,
+    undecodable text); anything else is a bug and keeps its traceback."""
     global _ARGV
     args = list(sys.argv[1:] if argv is None else argv)
     _ARGV = args
     try:
         rv = cli.main(args, prog_name=PROG, standalone_mode=False)
-    except SpecError as exc:
+    except InputError as exc:  # SpecError and the shared input checks
         return _fail(str(exc))
     except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
@@ -276,10 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(exc.format_message())
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # writing -o (disk full, read-only file system...)
+        where = f" {exc.filename!r}" if exc.filename else ""
+        return _fail(f"cannot write{where}: {exc.strerror or exc}")
     return rv if isinstance(rv, int) else 0
 
 
 def _fail(message: str) -> int:
-    click.echo(f"{PROG}: error: {' '.join(str(message).split())}", err=True)
+    click.echo(f"{PROG}: error: {one_line(message)}", err=True)
     return 2
-

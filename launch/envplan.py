@@ -163,12 +163,22 @@ def build_env(spec: JobSpec) -> EnvPlan:
     return EnvPlan(variables, tuple(warnings))
 
 
+# NVLink multicast switches: the one value each may take (the device machines need
+# multicast off; nothing launch renders may switch it on).
+MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
 def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
     for var in variables:
         if var.name == NVLS_VARIABLE and var.value.strip() != "0":
             raise SpecError(
                 f"{NVLS_VARIABLE}={var.value!r} refused: launch never enables NVLink SHARP; "
                 "NCCL auto-detects it (only NCCL_NVLS_ENABLE=0 is allowed)"
+            )
+        if var.name in MULTICAST_OFF and var.value.strip() != MULTICAST_OFF[var.name]:
+            raise SpecError(
+                f"{var.name}={var.value!r} refused: NVLink multicast stays off "
+                f"(only {var.name}={MULTICAST_OFF[var.name]} is allowed)"
             )
         if var.name in NOT_NCCL:
             raise SpecError(f"{var.name} is not an NCCL variable: {NOT_NCCL[var.name]}")

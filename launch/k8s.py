@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from launch.commandline import training_args
 from launch.envplan import EnvPlan
 from launch.render import header_lines, render
-from launch.spec import JobSpec, SpecError, parse_quantity
+from launch.spec import JobSpec, SpecError, check_env_name, check_unique_env, parse_quantity
 
 CONTAINER_NAME = "pytorch"
 PORT_NAME = "pytorchjob-port"
@@ -87,26 +87,39 @@ def parse_rdma_resource(value: str | None) -> tuple[str, int | None] | None:
     if value is None:
         return None
     name, _, count = value.partition("=")
-    if not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9._-]+", name) or (count and not count.isdigit()):
+    if not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9._-]+", name) or (count and not re.fullmatch(r"[0-9]{1,6}", count)):
         raise SpecError(f"--rdma-resource {value!r}: expected DOMAIN/NAME[=COUNT], e.g. rdma/ib=1")
     if count and int(count) < 1:
         raise SpecError(f"--rdma-resource {value!r}: COUNT must be at least 1")
     return name, int(count) if count else None
 
 
-def parse_secret_env(values) -> tuple[SecretEnv, ...]:
+# Variables whose only allowed value launch knows (NVLink multicast stays off): a Secret's
+# value is not known when rendering, so these can never come from one.
+NEVER_FROM_SECRET = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+
+def parse_secret_env(values, allow_undocumented_nccl: bool = False) -> tuple[SecretEnv, ...]:
+    """Same gates as --env: valid, unique, documented NCCL names; never the NVLS switches."""
     out = []
     for item in values:
         match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([^:]+):([-._A-Za-z0-9]+)", item)
         if not match:
             raise SpecError(f"--env-secret {item!r}: expected NAME=SECRET:KEY")
-        out.append(SecretEnv(match.group(1), _dns_subdomain("--env-secret", match.group(2)), match.group(3)))
+        name = check_env_name("--env-secret", match.group(1), allow_undocumented_nccl)
+        if name in NEVER_FROM_SECRET:
+            raise SpecError(f"--env-secret {name}: refused; launch sets it itself or not at all (NVLink "
+                            "multicast stays off) and a Secret's value cannot be checked")
+        if len(match.group(3)) > 253:
+            raise SpecError(f"--env-secret {item!r}: KEY longer than 253 characters")
+        out.append(SecretEnv(name, _dns_subdomain("--env-secret", match.group(2)), match.group(3)))
+    check_unique_env(s.name for s in out)
     return tuple(out)
 
 
 def parse_options(
     namespace, pvc, shm_size, rdma_resource, queue, gang, pull_secrets, node_selector,
-    pod_annotations, backoff_limit, ttl_seconds, secret_env,
+    pod_annotations, backoff_limit, ttl_seconds, secret_env, allow_undocumented_nccl: bool = False,
 ) -> K8sOptions:
     if namespace is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace):
         raise SpecError(f"--namespace {namespace!r}: not a valid namespace name")
@@ -126,7 +139,7 @@ def parse_options(
         pod_annotations=tuple(_key_value("--pod-annotation", s, None) for s in pod_annotations),
         backoff_limit=backoff_limit,
         ttl_seconds=ttl_seconds,
-        secret_env=parse_secret_env(secret_env),
+        secret_env=parse_secret_env(secret_env, allow_undocumented_nccl),
     )
 
 
@@ -176,6 +189,9 @@ def secret_warnings(spec: JobSpec) -> list[str]:
 
 
 def pytorchjob(spec: JobSpec, plan: EnvPlan, command: str, opts: K8sOptions) -> str:
+    # a Secret-backed variable next to a plain one of the same name: which wins is up to
+    # the API server's merge; refuse instead
+    check_unique_env([*(v.name for v in plan.variables), *(s.name for s in opts.secret_env)])
     layout = replica_layout(spec)
     _check_names(spec, layout)
     if spec.resources.cpus is not None:

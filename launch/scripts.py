@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from launch.commandline import Shell, launcher_args, training_args
 from launch.envplan import EnvPlan
-from launch.render import group_args, header_lines, render
-from launch.spec import JobSpec, SpecError, parse_safe_token
+from launch.render import Quoted, group_args, header_lines, render
+from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token
 
 DOCKER_BASE_FLAGS = (
     ("--rm", "remove the container when training exits"),
@@ -96,7 +96,14 @@ def _slurm_cpus(spec: JobSpec) -> str | None:
     return cpus
 
 
-def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[str]:
+def _directive(text: str) -> Quoted:
+    """An #SBATCH line is parsed by sbatch, not by bash: only plain tokens go there."""
+    if not _SAFE_TOKEN.fullmatch(text):
+        raise SpecError(f"#SBATCH {text!r}: only letters, digits and =^_.,:/+@- are allowed")
+    return Quoted(text)
+
+
+def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[Quoted]:
     nodes = f"{spec.nodes.min}-{spec.nodes.max}" if spec.nodes.elastic else str(spec.nodes.min)
     directives = [
         f"--job-name={spec.name}",
@@ -113,7 +120,7 @@ def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[str]:
     for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)):
         if value:
             directives.append(f"--{flag}={value}")
-    return directives
+    return [_directive(d) for d in directives]
 
 
 def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:

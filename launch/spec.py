@@ -11,7 +11,11 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from launch.safety import InputError, reserved_path
 
 if TYPE_CHECKING:  # catalog imports this module at run time
     from launch.catalog import Fabric, Profile
@@ -22,11 +26,11 @@ DEFAULT_CHECKPOINT_DIR = "/checkpoints"
 DEFAULT_GRACE_PERIOD_S = 300
 
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]", re.ASCII)
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A user input problem; reported as a single line, exit status 2."""
 
 
@@ -108,6 +112,7 @@ class JobSpec:
     network: NetworkOverrides = field(default_factory=NetworkOverrides)
     p2p_broken: bool = False
     grace_period_s: int = DEFAULT_GRACE_PERIOD_S
+    allow_undocumented_nccl: bool = False
 
 
 # --------------------------------------------------------------------------- parsers
@@ -141,7 +146,7 @@ def parse_name(value: str) -> str:
 def parse_nnodes(value: str) -> Nodes:
     text = str(value).strip()
     parts = text.split(":")
-    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+    if len(parts) not in (1, 2) or not all(re.fullmatch(r"[0-9]{1,6}", p.strip()) for p in parts):
         raise SpecError(f"--nnodes {value!r}: expected N or MIN:MAX (positive integers)")
     lo, hi = (int(parts[0]), int(parts[-1]))
     if lo < 1 or hi < 1:
@@ -157,17 +162,50 @@ def parse_positive_int(option: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
-def parse_env_pairs(values: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
-    pairs = []
+def parse_env_pairs(values: tuple[str, ...] | list[str], allow_undocumented_nccl: bool = False
+                    ) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, str]] = []
     for item in values:
         if "=" not in item:
             raise SpecError(f"--env {item!r}: expected NAME=VALUE")
         name, val = item.split("=", 1)
-        if not _ENV_NAME.fullmatch(name):
-            raise SpecError(f"--env {item!r}: {name!r} is not a valid environment variable name")
+        check_env_name("--env", name, allow_undocumented_nccl)
         reject_nul(f"--env {name}", val)
         pairs.append((name, val))
+    check_unique_env(name for name, _ in pairs)
     return tuple(pairs)
+
+
+@lru_cache(maxsize=1)
+def documented_nccl() -> frozenset[str]:
+    """NCCL's documented variables (``launch/nccl_documented_env.txt``)."""
+    text = (Path(__file__).resolve().parent / "nccl_documented_env.txt").read_text(encoding="utf-8")
+    return frozenset(ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
+
+
+def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False) -> str:
+    """A valid identifier; an ``NCCL_*`` name must be one NCCL documents (NCCL ignores a
+    misspelt name silently) unless explicitly allowed."""
+    from launch.envplan import NOT_NCCL
+
+    if not _ENV_NAME.fullmatch(name) or len(name) > 255:
+        raise SpecError(f"{option} {name!r}: {name!r} is not a valid environment variable name")
+    if name in NOT_NCCL:
+        raise SpecError(f"{name} is not an NCCL variable: {NOT_NCCL[name]}")
+    if name.startswith("NCCL_") and name not in documented_nccl() and not allow_undocumented_nccl:
+        raise SpecError(
+            f"{option} {name}: not a documented NCCL variable (see launch/nccl_documented_env.txt); "
+            "pass --allow-undocumented-nccl to set it anyway"
+        )
+    return name
+
+
+def check_unique_env(names) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise SpecError(f"environment variable {name} is given twice (--env / --env-secret)")
+        seen.add(name)
 
 
 def parse_entrypoint(value: str) -> tuple[str, ...]:
@@ -187,7 +225,7 @@ def parse_endpoint(value: str | None, default_port: int) -> tuple[str | None, in
         return None, default_port
     text = value.strip()
     host, port = text, default_port
-    match = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]+)(?::(\d+))?", text)
+    match = re.fullmatch(r"(\[[^\]]+\]|[^:\[\]]+)(?::([0-9]{1,5}))?", text)
     if match:
         host = match.group(1)
         if match.group(2) is not None:
@@ -226,10 +264,55 @@ def check_path(option: str, path: str) -> str:
         raise SpecError(f"{option} {path!r}: must be an absolute path")
     if "," in path or ":" in path:
         raise SpecError(f"{option} {path!r}: ',' and ':' are not allowed in mount paths")
+    if any(part in (".", "..") for part in path.split("/")):
+        raise SpecError(f"{option} {path!r}: '.' and '..' components are not allowed")
+    if len(path) > 4096:
+        raise SpecError(f"{option}: path longer than 4096 characters")
+    if reserved_path(path):
+        raise SpecError(
+            f"{option} {path!r}: a system directory (or /dev/shm, /proc...) cannot be mounted or used "
+            "for checkpoints; use a directory of its own, e.g. /checkpoints or /data"
+        )
     return path
 
 
-_QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+# OCI / distribution reference grammar (github.com/distribution/reference, regexp.go):
+# [HOST[:PORT]/]PATH[:TAG][@DIGEST]; lower-case path components, tags of at most 128 characters.
+_ALNUM = r"[a-z0-9]+"
+_SEPARATOR = r"(?:[._]|__|[-]+)"
+_PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_OCI_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII)
+# enroot (Slurm + pyxis) also takes REGISTRY#IMAGE and a local squashfs file.
+_ENROOT_REFERENCE = re.compile(rf"(?:[A-Za-z0-9._-]+@)?{_DOMAIN}#{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+                               rf"(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII)
+
+
+def parse_image(value: str, enroot: bool = False) -> str:
+    """A container image reference; never empty, never an option (``--privileged``)."""
+    shown = repr(value) if len(value) <= 100 else repr(value[:100]) + "..."
+    if not value:
+        raise SpecError("--image is empty")
+    match = _OCI_REFERENCE.fullmatch(value)
+    ok = match is not None and len(match.group("name")) <= 255
+    if not ok and enroot:
+        ok = bool(_ENROOT_REFERENCE.fullmatch(value)) or (
+            value.startswith("/") and value.endswith(".sqsh") and check_path("--image", value) == value
+        )
+    if not ok:
+        hint = " (Slurm + pyxis also take REGISTRY#IMAGE and /path/image.sqsh)" if enroot else ""
+        raise SpecError(
+            f"--image {shown}: not an image reference [HOST[:PORT]/]NAME[:TAG][@DIGEST] "
+            f"(lower-case name, no spaces, no leading '-'){hint}"
+        )
+    return value
+
+
+_QUANTITY = re.compile(r"[0-9]{1,15}(\.[0-9]{1,9})?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
 
 def parse_quantity(option: str, value: str | None) -> str | None:

@@ -132,12 +132,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _fsync_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    from launch.safety import atomic_write  # the one writer: temp + fsync + rename, regular files only
+
+    atomic_write(path, text, what="checkpoint")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -496,6 +493,8 @@ def describe_failure(exc: BaseException, rank: int, disk: Path | None = None) ->
         text = f"{what}{where}"
     else:
         text = f"{type(exc).__name__}: {exc}"
+        if "unexpected pos" in text:  # torch's zip writer (torch.save) on a failed write
+            text = "No space left on device or file too large (torch.save: 'unexpected pos')"
         if disk is not None:
             try:
                 free = shutil.disk_usage(disk).free / 2**20

@@ -12,33 +12,49 @@ from pathlib import Path
 
 import click
 
-from train.config import ConfigError
+from launch.safety import InputError, StrictInt, harden_click, one_line
+from train.config import SEED_MAX, ConfigError
 
 
 def _rank_prefix() -> str:
     world = os.environ.get("WORLD_SIZE", "1")
-    return f"[rank {os.environ.get('RANK', '0')}] " if world != "1" else ""
+    return f"[rank {one_line(os.environ.get('RANK', '0'), 20)}] " if world != "1" else ""
 
 
 def fail(msg: str, code: int) -> None:
     """Print ``error: msg`` on one line and exit with ``code``."""
-    one_line = " ".join(str(msg).split())
-    click.echo(f"{_rank_prefix()}error: {one_line}", err=True)
+    click.echo(f"{_rank_prefix()}error: {one_line(msg)}", err=True)
     sys.exit(code)
 
+
+class GuardedGroup(click.Group):
+    """Top-level guard: any input error that escapes a command (``InputError`` - config,
+    launch-spec and shared input checks - and undecodable text) is one line and exit 2.
+    Other exceptions are bugs and keep their traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except InputError as exc:
+            if os.environ.get("TRAIN_DEBUG"):
+                raise
+            fail(str(exc), 2)
+        except UnicodeDecodeError as exc:
+            if os.environ.get("TRAIN_DEBUG"):
+                raise
+            fail(f"input is not valid UTF-8 ({exc.reason} at byte {exc.start})", 2)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from train.checkpoint import CheckpointError
-    from train.data import DataError
     from train.dist import CollectiveError
     from train.trainer import NonFiniteLossError, OutOfMemory
 
-    return (DataError, CheckpointError, NonFiniteLossError, CollectiveError, OutOfMemory, FileNotFoundError,
+    return (CheckpointError, NonFiniteLossError, CollectiveError, OutOfMemory, FileNotFoundError,
             PermissionError, OSError)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Distributed training for Llama-style models on Hopper/Blackwell GPUs (and CPUs)."""
 
@@ -46,71 +62,70 @@ def main() -> None:
 @main.command("run")
 @click.option("--config", "config_path", default="tiny", show_default=True,
               help="YAML file, or a preset name from train/configs (tiny, debug, ...).")
-@click.option("--steps", type=int, help="Training steps (train.steps).")
-@click.option("--out", "out_dir", default="runs/latest", show_default=True, type=click.Path(path_type=Path),
-              help="Run directory: metrics.jsonl, config.yaml, checkpoints/.")
+@click.option("--steps", type=StrictInt(1), help="Training steps (train.steps).")
+@click.option("--out", "out_dir", default="runs/latest", show_default=True,
+              help="Run directory: metrics.jsonl, config.yaml, checkpoints/ (one run at a time: locked).")
 @click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in --out.")
-@click.option("--checkpoint-every", type=int, help="Checkpoint every N steps (checkpoint.every).")
-@click.option("--seed", type=int, help="Seed (train.seed).")
+@click.option("--overwrite", is_flag=True,
+              help="Start fresh in an --out that holds an earlier run: its files are moved to OUT/replaced-<time>/.")
+@click.option("--allow-config-change", is_flag=True,
+              help="--resume even though the config differs from the recorded one in what it trains.")
+@click.option("--checkpoint-every", type=StrictInt(0), help="Checkpoint every N steps (checkpoint.every).")
+@click.option("--seed", type=StrictInt(0, SEED_MAX), help="Seed (train.seed).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config field, e.g. --set model.name=debug --set train.batch_size=4.")
-@click.option("--flight-recorder", type=click.IntRange(min=1), metavar="N",
+@click.option("--flight-recorder", type=StrictInt(1, 10_000_000), metavar="N",
               help="NCCL flight recorder: keep the last N collectives per rank and dump them to "
                    "OUT/flight_recorder/ when one times out (sets TORCH_FR_BUFFER_SIZE).")
-def run_cmd(config_path, steps, out_dir, resume, checkpoint_every, seed, overrides, flight_recorder) -> None:
+def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change, checkpoint_every, seed, overrides,
+            flight_recorder) -> None:
     """Train. Works as one process or under torchrun (reads RANK, WORLD_SIZE, ...)."""
-    from train import preflight
+    from train import preflight, rundir
     from train.config import load_config
-    from train.dist import env_int
+    from train.data import DataError
 
-    if flight_recorder:
-        os.environ["TORCH_FR_BUFFER_SIZE"] = str(flight_recorder)
-
+    if resume and overwrite:
+        fail("--resume and --overwrite exclude each other", 2)
     extra = list(overrides)
     for key, value in (("train.steps", steps), ("checkpoint.every", checkpoint_every), ("train.seed", seed)):
         if value is not None:
             extra.append(f"{key}={value}")
     try:
+        out_dir = preflight.check_out_dir(out_dir)
         job = load_config(config_path, extra)
         preflight.check_job(job, preflight.world_size_from_env())
-        for name in ("RANK", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT"):
-            env_int(name, 0)
-        preflight.check_out_dir(out_dir)
-    except ConfigError as exc:
+        preflight.check_launcher_env()
+        preflight.check_device(job)
+        preflight.check_data(job)
+    except (ConfigError, DataError) as exc:
         fail(str(exc), 2)
+    if flight_recorder:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = str(flight_recorder)
 
-    from train.trainer import run
+    from train.trainer import run, should_resume
 
+    is_rank0 = int(os.environ.get("RANK", "0")) == 0
+    lock, on_start = rundir.RunLock(out_dir), None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_config(job, out_dir)
-        summary = run(job, out_dir, resume=resume)
-    except ConfigError as exc:
+        if is_rank0:  # one process per run holds the lock, for the life of the run
+            lock.acquire()
+            event = rundir.prepare(out_dir, job, should_resume(job, resume), overwrite, allow_config_change,
+                                   lambda msg: click.echo(f"[train] {msg}", err=True))
+
+            def on_start() -> None:
+                rundir.write_config(out_dir, job, event)
+        summary = run(job, out_dir, resume=resume, on_start=on_start)
+    except (ConfigError, DataError) as exc:
         fail(str(exc), 2)
     except _user_errors() as exc:
         if os.environ.get("TRAIN_DEBUG"):
             raise
         fail(str(exc), 1)
-    if int(os.environ.get("RANK", "0")) == 0:
+    finally:
+        lock.release()
+    if is_rank0:
         _print_summary(summary, out_dir)
-
-
-def _write_config(job, out_dir: Path) -> None:
-    """Record the resolved config once; an existing different one is kept, not replaced."""
-    import yaml
-
-    if int(os.environ.get("RANK", "0")) != 0:
-        return
-    text = yaml.safe_dump(job.to_dict(), sort_keys=False)
-    path = out_dir / "config.yaml"
-    if path.exists():
-        if path.read_text() != text:
-            click.echo(f"[train] note: {path} from an earlier run differs from this run's config; kept as is",
-                       err=True)
-        return
-    tmp = path.with_name(".config.yaml.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _print_summary(s, out_dir: Path) -> None:
@@ -140,6 +155,7 @@ main.add_command(doctor)
 from train.prepare import data  # noqa: E402
 
 main.add_command(data)
+harden_click(main)  # every INT/FLOAT option of every command: ASCII digits, finite, bounded
 
 if __name__ == "__main__":  # pragma: no cover
     main()

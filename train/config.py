@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from launch.safety import InputError, YamlSyntaxError, excerpt, load_yaml_file, load_yaml_text, parse_finite_float
 from train.comm.config import CommConfig
 from train.models.presets import MODEL_PRESETS, ModelConfig
 from train.parallel.config import ParallelConfig
@@ -26,8 +27,13 @@ from train.precision.config import Float8Config
 CONFIG_DIR = Path(__file__).parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A user error in the job configuration; the message names the key."""
+
+
+# Config fields are numbers a job can actually use: integers fit int64 and floats are finite.
+INT_LIMIT = 2**63 - 1
+SEED_MAX = 2**32 - 1  # numpy's SeedSequence and torch.manual_seed(seed + 1000 * rank) both accept it
 
 
 @dataclass
@@ -64,6 +70,10 @@ class OptimConfig:
     def validate(self) -> None:
         if self.lr <= 0:
             raise ConfigError(f"optim.lr: must be > 0, got {self.lr}")
+        if self.eps <= 0 or self.eps >= 1:
+            raise ConfigError(f"optim.eps: must be in (0, 1), got {self.eps}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay: must be >= 0, got {self.weight_decay}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"optim.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
         if self.warmup_steps < 0 or self.decay_steps < 0:
@@ -104,6 +114,10 @@ class TrainConfig:
             raise ConfigError(f"train.nan_policy: must be stop or skip, got {self.nan_policy!r}")
         if self.max_nan_skips < 0 or self.shutdown_grace_s < 0:
             raise ConfigError("train.max_nan_skips / train.shutdown_grace_s: must be >= 0")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(f"train.seed: must be in 0..{SEED_MAX}, got {self.seed}")
+        if self.timeout_s > 7 * 24 * 3600 or self.shutdown_grace_s > 24 * 3600:
+            raise ConfigError("train.timeout_s must be at most 7 days and train.shutdown_grace_s at most 1 day")
 
 
 @dataclass
@@ -196,15 +210,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key}: expected {tp}, got {value!r}")
+        raise ConfigError(f"{key}: expected {tp}, got {excerpt(value)}")
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(f"{key}: expected null, got {value!r}")
+        raise ConfigError(f"{key}: expected null, got {excerpt(value)}")
     if origin in (list, tuple):
         (elem,) = typing.get_args(tp)[:1] or (Any,)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {excerpt(value)}")
         return [_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is Any:
         return value
@@ -213,22 +227,25 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT_LIMIT:
+                raise ConfigError(f"{key}: {value} is out of range")
             return value
     elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+        # finite, ASCII digits only (YAML 1.1 reads "1e-3", without a dot, as a string)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             try:
-                return float(value)
-            except ValueError:
-                pass
+                return parse_finite_float(key, value)
+            except InputError as exc:
+                raise ConfigError(str(exc)) from None
     elif tp is str:
         if isinstance(value, str):
+            if len(value) > 4096:
+                raise ConfigError(f"{key}: longer than 4096 characters")
             return value
     else:
         raise ConfigError(f"{key}: unsupported field type {tp}")
     hint = " (quote it: YAML reads an unquoted A:B such as 10:12 as a base-60 number)" if tp is str else ""
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}{hint}")
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {excerpt(value)}{hint}")
 
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
@@ -238,7 +255,7 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        if key not in names:
+        if not isinstance(key, str) or key not in names:
             valid = ", ".join(sorted(names))
             raise ConfigError(f"{dotted}: unknown key (valid keys: {valid})")
         current = getattr(obj, key)
@@ -250,8 +267,10 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
 
 def _apply_model_preset(cfg: JobConfig, model_section: dict[str, Any]) -> None:
     name = model_section.get("name", cfg.model.name)
+    if not isinstance(name, str):
+        raise ConfigError(f"model.name: expected a preset name, got {type(name).__name__} {excerpt(name)}")
     if name not in MODEL_PRESETS:
-        raise ConfigError(f"model.name: unknown preset {name!r} (valid: {', '.join(MODEL_PRESETS)})")
+        raise ConfigError(f"model.name: unknown preset {excerpt(name)} (valid: {', '.join(MODEL_PRESETS)})")
     cfg.model = dataclasses.replace(MODEL_PRESETS[name])
 
 
@@ -266,9 +285,9 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
         if not key or any(not part for part in key.split(".")):
             raise ConfigError(f"--set {item!r}: empty key")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+            value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
+        except YamlSyntaxError:
+            value = raw  # not YAML: the plain string
         if isinstance(value, int) and ":" in raw:  # YAML 1.1 reads 10:12 as base 60 (612): keep "10:12"
             value = raw.strip()
         node = out
@@ -306,14 +325,11 @@ def resolve_config_path(path: str | Path) -> Path:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
+    """Bounded (size, nesting, alias expansion) safe YAML: see ``launch.safety``."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"--config {path}: malformed YAML{where}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"--config {path}: cannot read ({exc.__class__.__name__})") from None
+        data = load_yaml_file(path, "--config")
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

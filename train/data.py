@@ -20,19 +20,21 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from launch.safety import InputError, atomic_write, excerpt, read_bounded
+
 EMBEDDED_VOCAB = 256
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
-class DataError(RuntimeError):
-    """A problem with the training data that the user must fix (missing, truncated...)."""
+class DataError(InputError, RuntimeError):
+    """A problem with the training data that the user must fix (missing, truncated...):
+    bad input, so one line and exit 2."""
 
 
 def default_cache_dir() -> Path:
@@ -71,43 +73,91 @@ def build_embedded_corpus(cache_dir: Path, max_mb: int) -> Path:
     if len(blob) < 1 << 20:
         raise DataError(f"embedded corpus: only {len(blob)} bytes of stdlib source found under {sysconfig.get_paths()['stdlib']}")
     tokens = np.frombuffer(blob, dtype=np.uint8).astype(np.uint16)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as fh:
-        tokens.tofile(fh)
-    os.replace(tmp, path)
+    atomic_write(path, tokens.tobytes(), what="embedded corpus cache")
     return path
 
 
+_DTYPE_VOCAB_MAX = {"uint16": 1 << 16, "uint32": 1 << 32}
+_SAMPLE = 1 << 20  # tokens checked at load from each end of the file
+
+
+def _meta_int(meta_path: Path, meta: dict, key: str, lo: int, hi: int) -> int:
+    value = meta[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DataError(f"data.path: metadata {meta_path}: {key} must be an integer, got {excerpt(value)}")
+    if not lo <= value <= hi:
+        raise DataError(f"data.path: metadata {meta_path}: {key}={value} is outside {lo}..{hi}")
+    return value
+
+
+def check_token_ids(tokens: np.ndarray, vocab: int, where: str, offset: int = 0) -> None:
+    """Every id < ``vocab``: an id beyond the vocabulary must never reach the embedding."""
+    if tokens.size and int(tokens.max()) >= vocab:
+        bad = int(np.argmax(np.asarray(tokens) >= vocab))
+        raise DataError(f"data.path: {where}: token id {int(tokens[bad])} at token {offset + bad} is not below "
+                        f"vocab_size={vocab} (wrong dtype in the metadata, or a different tokenizer?)")
+
+
 def open_token_file(path: Path) -> tuple[np.memmap, int]:
-    """Open a user token file; returns (tokens, vocab_size). Errors name the file."""
+    """Open a user token file; returns (tokens, vocab_size). Errors name the file.
+
+    Checked at load: the metadata's types and ranges (dtype uint16|uint32, 1 <= vocab_size
+    <= what the dtype can hold, num_tokens when given), the file size against dtype and
+    num_tokens, and the token ids of the first and last million tokens against vocab_size
+    (plus the tell-tale zero high halves of uint32 data declared uint16). Every batch is
+    checked again when it is read (``TokenLoader``), so no id >= vocab_size is trained on."""
     meta_path = path.with_suffix(".json")
     if not path.is_file():
         raise DataError(f"data.path: token file {path} does not exist")
     if not meta_path.is_file():
         raise DataError(f"data.path: metadata {meta_path} is missing (needs dtype and vocab_size)")
     try:
-        meta = json.loads(meta_path.read_text())
-        dtype = _DTYPES[meta["dtype"]]
-        vocab = int(meta["vocab_size"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"data.path: metadata {meta_path} is invalid ({exc.__class__.__name__}: {exc})") from None
+        meta = json.loads(read_bounded(meta_path, "data.path: metadata", 1 << 16).decode("utf-8"))
+    except InputError as exc:
+        raise DataError(str(exc)) from None
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"data.path: metadata {meta_path} is not JSON ({exc.__class__.__name__})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"data.path: metadata {meta_path} must be a JSON object")
+    for key in ("dtype", "vocab_size"):
+        if key not in meta:
+            raise DataError(f"data.path: metadata {meta_path} is invalid (missing {key!r})")
+    if not isinstance(meta["dtype"], str) or meta["dtype"] not in _DTYPES:
+        raise DataError(f"data.path: metadata {meta_path}: dtype must be uint16 or uint32, got {excerpt(meta['dtype'])}")
+    dtype = _DTYPES[meta["dtype"]]
+    vocab = _meta_int(meta_path, meta, "vocab_size", 1, _DTYPE_VOCAB_MAX[meta["dtype"]])
     size = path.stat().st_size
     itemsize = np.dtype(dtype).itemsize
     if size % itemsize:
         raise DataError(f"data.path: {path} is truncated ({size} bytes is not a multiple of {itemsize})")
-    if "num_tokens" in meta and int(meta["num_tokens"]) != size // itemsize:
-        raise DataError(f"data.path: {path} is truncated: {size // itemsize} tokens, metadata says {meta['num_tokens']}")
-    return np.memmap(path, dtype=dtype, mode="r"), vocab
+    count = size // itemsize
+    if "num_tokens" in meta:
+        declared = _meta_int(meta_path, meta, "num_tokens", 0, 1 << 48)
+        if declared != count:
+            kind = "is truncated" if count < declared else "does not match its metadata"
+            raise DataError(f"data.path: {path} {kind}: {count} {meta['dtype']} tokens, metadata says {declared}"
+                            + (" (the file holds twice as many: written as uint32?)" if count == 2 * declared else ""))
+    if count == 0:
+        raise DataError(f"data.path: {path} is empty")
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    head, tail = tokens[:_SAMPLE], tokens[max(count - _SAMPLE, 0):]
+    check_token_ids(head, vocab, str(path))
+    check_token_ids(tail, vocab, str(path), offset=max(count - _SAMPLE, 0))
+    if meta["dtype"] == "uint16" and head.size >= 64 and head.size % 2 == 0:
+        odd = np.asarray(head[1::2])
+        if not odd.any() and np.asarray(head[0::2]).any():
+            raise DataError(f"data.path: {path}: every second uint16 token is 0: this looks like uint32 data "
+                            "declared as uint16 in the metadata")
+    return tokens, vocab
 
 
 def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
     """Write a token file + metadata in the format :func:`open_token_file` reads."""
     dtype = "uint16" if vocab_size <= 65536 else "uint32"
     arr = np.asarray(tokens, dtype=_DTYPES[dtype])
-    arr.tofile(path)
-    path.with_suffix(".json").write_text(
-        json.dumps({"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(arr.size)})
-    )
+    atomic_write(path, arr.tobytes(), what="token file")
+    atomic_write(path.with_suffix(".json"),
+                 json.dumps({"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(arr.size)}), what="metadata")
 
 
 def check_tokenizer(path: Path, expected: str) -> None:
@@ -169,7 +219,9 @@ class TokenLoader:
             rng = np.random.default_rng([self.seed, self.epoch, k])
             return rng.integers(0, self.vocab_size, size=self.window, dtype=np.int64)
         start = int(self._permutation()[k]) * self.window
-        return np.asarray(self.tokens[start:start + self.window], dtype=np.int64)
+        window = np.asarray(self.tokens[start:start + self.window], dtype=np.int64)
+        check_token_ids(window, self.vocab_size, "token file", offset=start)
+        return window
 
     def window_ids(self, count: int) -> list[int]:
         """Global window indices this rank reads next (for tests of disjointness)."""

@@ -86,10 +86,7 @@ def env_int(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
+    value = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else -1  # ASCII digits only
     if value < 0:
         from train.config import ConfigError
 
@@ -296,13 +293,19 @@ def _watch_wakeup_fd(read_fd: int) -> None:
             return
         if not data:
             return
-        if signal.SIGTERM in data and _active_preemption is not None:
-            _active_preemption._trip()
+        for signum in PREEMPT_SIGNALS:
+            if signum in data and _active_preemption is not None:
+                _active_preemption._trip(signum)
+
+
+# SIGINT (Ctrl-C, or torchrun/srun forwarding it) is handled exactly like SIGTERM: a
+# KeyboardInterrupt in the middle of a step would lose the step and print a traceback.
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preemption:
-    """SIGTERM (Kubernetes eviction, Slurm ``--signal``, torchrun forwarding its own
-    SIGTERM) sets a flag; the loop finishes the current step, every rank agrees to stop
+    """SIGTERM or SIGINT (Kubernetes eviction, Slurm ``--signal``, torchrun forwarding its
+    own SIGTERM, Ctrl-C) sets a flag; the loop finishes the current step, every rank agrees to stop
     (the per-step all_reduce), writes a checkpoint and exits 0.
 
     Python runs signal handlers in the main thread between bytecodes, so a main thread
@@ -326,7 +329,8 @@ class Preemption:
         if threading.current_thread() is not threading.main_thread():
             return
         _active_preemption = self
-        signal.signal(signal.SIGTERM, self._handler)
+        for signum in PREEMPT_SIGNALS:
+            signal.signal(signum, self._handler)
         kill_after = torchrun_kill_after_s()
         if kill_after is not None and self.grace_s >= kill_after and os.environ.get("RANK", "0") == "0":
             print(f"[train] warning: torchrun SIGKILLs the workers {kill_after}s after it forwards SIGTERM, before "
@@ -341,15 +345,16 @@ class Preemption:
             _watcher_started = True
 
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
-        self._trip()
+        self._trip(signum)
 
-    def _trip(self) -> None:
+    def _trip(self, signum: int = signal.SIGTERM) -> None:
+        name = signal.Signals(signum).name
         with self._lock:
             if self.requested:
                 return
             self.requested = True
             self.at = time.monotonic()
-        print(f"{_rank_tag()}[train] SIGTERM received; checkpointing after this step "
+        print(f"{_rank_tag()}[train] {name} received; checkpointing after this step "
               f"(exit within train.shutdown_grace_s={self.grace_s:g}s)", file=sys.stderr, flush=True)
         threading.Thread(target=self._expire, name="sigterm-grace", daemon=True).start()
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import click
 
+from launch.safety import excerpt
+
 GiB = 2**30
 SCHEMA = "train-doctor/1"
 
@@ -46,12 +48,17 @@ def _profile_files() -> dict[str, Path]:
 def load_profile(name: str) -> dict:
     """``{"name", "model", "arch", "gpus_per_node", "memory_gb", "fp8", "nvlink"}`` from a
     profile YAML; raises ``KeyError`` naming the valid profiles when ``name`` is unknown."""
-    import yaml
+    from launch.safety import InputError, load_yaml_file
 
     files = _profile_files()
     if name not in files:
-        raise KeyError(f"--profile {name}: unknown profile (valid: {', '.join(files) or 'none found'})")
-    data = yaml.safe_load(files[name].read_text(encoding="utf-8")) or {}
+        raise KeyError(f"--profile {excerpt(name)}: unknown profile (valid: {', '.join(files) or 'none found'})")
+    try:
+        data = load_yaml_file(files[name], "--profile") or {}
+    except InputError as exc:
+        raise KeyError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise KeyError(f"--profile {excerpt(name)}: not a mapping")
     gpu = data.get("gpu") or {}
     from train.hardware import fp8_kinds, mxfp8_backends
 
@@ -607,12 +614,13 @@ def doctor(preset, seq, batch, gpus, profile, check_nccl, measure, as_json) -> N
     from train.models.presets import MODEL_PRESETS
 
     if preset not in MODEL_PRESETS:
-        fail(f"--preset {preset}: unknown preset (valid: {', '.join(MODEL_PRESETS)})", 2)
+        fail(f"--preset {excerpt(preset)}: unknown preset (valid: {', '.join(MODEL_PRESETS)})", 2)
+    for option, value, top in (("--seq", seq, 1 << 24), ("--batch", batch, 1 << 20), ("--gpus", gpus, 1 << 20)):
+        if value is not None and not 1 <= value <= top:  # 0 must not silently mean "the default"
+            fail(f"{option} {value}: must be in 1..{top}", 2)
     d_seq, d_batch = _defaults(preset)
-    seq = seq or min(d_seq, MODEL_PRESETS[preset].max_seq_len)
-    batch = batch or d_batch
-    if seq < 1 or batch < 1 or (gpus is not None and gpus < 1):
-        fail("--seq, --batch and --gpus must be >= 1", 2)
+    seq = seq if seq is not None else min(d_seq, MODEL_PRESETS[preset].max_seq_len)
+    batch = batch if batch is not None else d_batch
     if seq > MODEL_PRESETS[preset].max_seq_len:
         fail(f"--seq {seq}: longer than model.max_seq_len={MODEL_PRESETS[preset].max_seq_len} of preset {preset}", 2)
     prof = None

@@ -10,10 +10,16 @@ Rank 0 writes ``OUT/metrics.jsonl``: one JSON object per logged step.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from pathlib import Path
 
 import torch
+
+from launch.safety import check_output_target
+
+log = logging.getLogger(__name__)
 
 
 class StepTimer:
@@ -40,16 +46,18 @@ def peak_memory_gib(device: torch.device) -> float:
 
 class MetricsLogger:
     def __init__(self, out_dir: Path | None, enabled: bool, flops_per_token: float,
-                 peak_tflops: float | None, world_size: int, tensorboard: bool = False, sinks=()):
+                 peak_tflops: float | None, world_size: int, tensorboard: bool = False,
+                 keep_up_to_step: int | None = None, sinks=()):
         self.enabled = enabled
         self._sinks = list(sinks) if enabled else []  # train.exporters: Prometheus textfile, W&B
         self.flops_per_token = flops_per_token
         self.peak_tflops = peak_tflops
         self.world_size = world_size
         self.path = out_dir / "metrics.jsonl" if (out_dir and enabled) else None
+        self._fd = None
         if self.path:
             out_dir.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("a") if self.path else None
+            self._fd = open_rows(self.path, keep_up_to_step)
         self._tb = None
         if tensorboard and enabled and out_dir:
             try:
@@ -76,9 +84,8 @@ class MetricsLogger:
             "mfu": (per_gpu * self.flops_per_token / (self.peak_tflops * 1e12)) if self.peak_tflops else None,
             **extra,
         }
-        if self._fh:
-            self._fh.write(json.dumps(row) + "\n")
-            self._fh.flush()
+        if self._fd is not None:
+            append_row(self._fd, row)
         if self._tb:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step":
@@ -88,13 +95,63 @@ class MetricsLogger:
         return row
 
     def close(self) -> None:
-        if self._fh:
-            self._fh.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._tb:
             self._tb.close()
         for sink in self._sinks:
             sink.close()
         self._sinks = []
+
+
+def open_rows(path: Path, keep_up_to_step: int | None = None) -> int:
+    """Open ``metrics.jsonl`` for appending whole rows; returns the file descriptor.
+
+    A partial last line (what a full disk or a kill leaves) is cut off, and on resume the
+    rows after the checkpoint's step (they are trained again) are dropped, so the file
+    always parses line by line. Only a regular file is written (no FIFO/symlink/device)."""
+    check_output_target(path, "metrics.jsonl")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size:
+            data = os.pread(fd, size, 0)
+            keep = data.rfind(b"\n") + 1  # whole lines only
+            if keep_up_to_step is not None:
+                lines, kept = data[:keep].splitlines(keepends=True), 0
+                for line in lines:
+                    try:
+                        step = json.loads(line).get("step")
+                    except (ValueError, AttributeError):
+                        step = None
+                    if isinstance(step, int) and step > keep_up_to_step:
+                        break
+                    kept += len(line)
+                keep = kept
+            if keep != size:
+                os.ftruncate(fd, keep)
+                log.warning("%s: dropped %d bytes after the last complete row%s", path, size - keep,
+                            f" / after step {keep_up_to_step}" if keep_up_to_step is not None else "")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_row(fd: int, row: dict) -> None:
+    """One ``write()`` per row; a short write (disk full) is rolled back to the last whole row."""
+    data = (json.dumps(row, allow_nan=True) + "\n").encode()
+    size = os.fstat(fd).st_size
+    try:
+        written = os.write(fd, data)
+    except OSError:
+        os.ftruncate(fd, size)
+        raise
+    if written != len(data):
+        os.ftruncate(fd, size)
+        raise OSError(28, f"metrics.jsonl: short write ({written} of {len(data)} bytes); row for step "
+                          f"{row.get('step')} not recorded")
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -8,7 +8,10 @@ before anything is allocated.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from launch.safety import excerpt, reserved_path
 
 from train.config import ConfigError, JobConfig
 from train.parallel.config import check_parallel, resolve_mesh
@@ -16,10 +19,12 @@ from train.precision.fp8 import check_float8
 
 
 def world_size_from_env() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
+    raw = os.environ.get("WORLD_SIZE", "1") or "1"
+    if not re.fullmatch(r"[0-9]{1,7}", raw):
+        raise ConfigError(f"WORLD_SIZE={excerpt(raw)} is not an integer")
+    if int(raw) < 1:
+        raise ConfigError(f"WORLD_SIZE={raw}: must be at least 1")
+    return int(raw)
 
 
 def check_job(job: JobConfig, world_size: int) -> None:
@@ -36,11 +41,89 @@ def check_job(job: JobConfig, world_size: int) -> None:
         )
 
 
-def check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
-    probe = out
-    while not probe.exists():
-        probe = probe.parent
+def check_out_dir(out) -> Path:
+    """``--out``: a usable directory path (returned as a Path)."""
+    text = os.fspath(out)
+    if not text.strip():
+        raise ConfigError("--out: empty directory name")
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in text):
+        raise ConfigError(f"--out {excerpt(text)}: control characters in a directory name")
+    out = Path(text)
+    if reserved_path(os.path.abspath(text)):
+        raise ConfigError(f"--out {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
+                          "be a run directory")
+    try:
+        if out.is_symlink() and not out.is_dir():
+            raise ConfigError(f"--out {excerpt(text)}: a dangling symbolic link")
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {excerpt(text)}: exists and is not a directory")
+        probe = out
+        while not probe.exists():
+            if probe.is_symlink():
+                raise ConfigError(f"--out {excerpt(text)}: {excerpt(str(probe))} is a dangling symbolic link")
+            probe = probe.parent
+    except OSError as exc:  # name too long, permission...
+        raise ConfigError(f"--out {excerpt(text)}: {exc.strerror}") from None
+    if not probe.is_dir():
+        raise ConfigError(f"--out {excerpt(text)}: {excerpt(str(probe))} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {probe} is not writable")
+        raise ConfigError(f"--out {excerpt(text)}: {excerpt(str(probe))} is not writable")
+    return out
+
+
+_LAUNCHER_INT = re.compile(r"[0-9]{1,7}")
+
+
+def _launcher_int(name: str, raw: str) -> int:
+    if not _LAUNCHER_INT.fullmatch(raw):
+        raise ConfigError(f"environment {name}={excerpt(raw)}: expected an integer >= 0 (torchrun sets it)")
+    return int(raw)
+
+
+def check_launcher_env() -> int:
+    """torchrun's variables are consistent; returns the world size.
+
+    WORLD_SIZE > 1 needs RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (without them the
+    process would wait for peers that never come until the timeout), RANK < WORLD_SIZE."""
+    env = os.environ
+    world = world_size_from_env()
+    ints = {name: _launcher_int(name, env[name]) for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                           "TORCHELASTIC_RESTART_COUNT") if env.get(name)}
+    if world > 1:
+        missing = [n for n in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if not env.get(n)]
+        if missing:
+            raise ConfigError(f"environment WORLD_SIZE={world} without {', '.join(missing)}: start multi-process "
+                              "runs with torchrun (it sets them all)")
+        port = env["MASTER_PORT"]
+        if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+            raise ConfigError(f"environment MASTER_PORT={excerpt(env['MASTER_PORT'])}: expected a port 1..65535")
+    if ints.get("RANK", 0) >= world:
+        raise ConfigError(f"environment RANK={ints['RANK']} is not below WORLD_SIZE={world}")
+    if "LOCAL_WORLD_SIZE" in ints and ints.get("LOCAL_RANK", 0) >= max(ints["LOCAL_WORLD_SIZE"], 1):
+        raise ConfigError(f"environment LOCAL_RANK={ints['LOCAL_RANK']} is not below "
+                          f"LOCAL_WORLD_SIZE={ints['LOCAL_WORLD_SIZE']}")
+    return world
+
+
+def check_device(job: JobConfig) -> None:
+    """Settings this machine cannot run: CUDA without a GPU, fp16 on the CPU."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if job.train.device == "cuda" and not cuda:
+        raise ConfigError("train.device=cuda: no CUDA GPU is visible here (use train.device=auto or cpu)")
+    on_cpu = job.train.device == "cpu" or not cuda
+    if on_cpu and job.train.precision == "fp16":
+        raise ConfigError("train.precision=fp16 needs a CUDA GPU (use bf16 or fp32 on the CPU)")
+
+
+def check_data(job: JobConfig) -> None:
+    """A token file (data.source=file) is opened and checked now: a bad file is a usage
+    error before any directory, lock or process group exists."""
+    if job.data.source != "file":
+        return
+    from train.data import DataError, open_token_file
+
+    _, vocab = open_token_file(Path(job.data.path))
+    if vocab > job.model.vocab_size:
+        raise DataError(f"model.vocab_size: {job.model.vocab_size} is smaller than the data's vocabulary ({vocab})")

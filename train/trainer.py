@@ -76,6 +76,13 @@ def _clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     return norm
 
 
+def should_resume(job, resume_flag: bool) -> bool:
+    """--resume, checkpoint.resume=always, or (auto) a torchrun restart of the worker group."""
+    mode = job.checkpoint.resume
+    restarted = tdist.env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
+    return resume_flag or mode == "always" or (mode == "auto" and restarted)
+
+
 class Trainer:
     def __init__(self, job, info: tdist.DistInfo, out_dir: Path, resume: bool = False):
         self.job = job
@@ -133,14 +140,13 @@ class Trainer:
         )
         self.metrics = MetricsLogger(
             out_dir, info.is_main, self.flops_per_token, peak, info.world_size, job.metrics.tensorboard,
+            keep_up_to_step=self.step,
             sinks=build_sinks(job.metrics, out_dir, job.to_dict()) if info.is_main else (),
         )
 
     # ------------------------------------------------------------------ resume
     def _should_resume(self, resume_flag: bool) -> bool:
-        mode = self.job.checkpoint.resume
-        restarted = tdist.env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
-        return resume_flag or mode == "always" or (mode == "auto" and restarted)
+        return should_resume(self.job, resume_flag)
 
     def _resume(self) -> None:
         loaded = self.ckpt.load_latest(self.par.model, self.optimizer)
@@ -439,12 +445,17 @@ def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMe
     )
 
 
-def run(job, out_dir: Path, resume: bool = False) -> Summary:
-    """Initialise the process group, train, tear down. Used by ``train run``."""
+def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
+    """Initialise the process group, train, tear down. Used by ``train run``.
+
+    ``on_start()`` runs once the model is built and any checkpoint loaded, before the
+    first step (``train run`` records the start/resume in config.yaml there)."""
     info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder")
     trainer, tear_down = None, True
     try:
         trainer = Trainer(job, info, out_dir, resume=resume)
+        if on_start is not None:
+            on_start()
         trainer._log(trainer.describe())
         return trainer.fit()
     except Exception as exc:

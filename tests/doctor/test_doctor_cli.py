@@ -72,14 +72,14 @@ def test_unknown_profile_is_one_line_exit_2_listing_valid_ones():
     res = CliRunner().invoke(doctor, ["--profile", "a100"])
     assert res.exit_code == 2
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --profile a100: unknown profile (valid: ")
+    assert len(lines) == 1 and lines[0].startswith("error: --profile 'a100': unknown profile (valid: ")
     for name in ("b200", "gb200", "h100", "h200", "rtx-pro-6000"):
         assert name in lines[0]
 
 
 def test_usage_errors_exit_2():
     res = CliRunner().invoke(doctor, ["--preset", "70b"])
-    assert res.exit_code == 2 and "error: --preset 70b: unknown preset" in res.stderr
+    assert res.exit_code == 2 and "error: --preset '70b': unknown preset" in res.stderr
     res = CliRunner().invoke(doctor, ["--preset", "debug", "--seq", "4096"])
     assert res.exit_code == 2 and "longer than model.max_seq_len=2048" in res.stderr
 

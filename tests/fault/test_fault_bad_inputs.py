@@ -13,12 +13,17 @@ import instead of thirty; signal handlers the trainer installs stay out of pytes
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import shlex
+import signal
+import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +54,44 @@ def L(id, what, argv, code, names):  # noqa: N802
     return Case(id, "launch", what, tuple(argv), code, names)
 
 
+# Token files checked at load: (hostile input, the error names, token bytes, metadata text).
+_U16 = "<u2"
+DATA_FILES = [
+    ("uint32 tokens declared uint16 (no num_tokens)", "looks like uint32 data declared as uint16",
+     ("<u4", [i % 200 + 1 for i in range(3000)]), '{"dtype": "uint16", "vocab_size": 256}'),
+    ("uint32 tokens declared uint16 with num_tokens", "written as uint32?",
+     ("<u4", [i % 200 for i in range(3000)]), '{"dtype": "uint16", "vocab_size": 256, "num_tokens": 3000}'),
+    ("token id >= vocab_size inside the file", "token id 300 at token 1500 is not below vocab_size=256",
+     (_U16, [i % 200 for i in range(1500)] + [300] + [1] * 1499), '{"dtype": "uint16", "vocab_size": 256}'),
+    ("vocab_size as a string", "vocab_size must be an integer", (_U16, [1] * 3000),
+     '{"dtype": "uint16", "vocab_size": "256"}'),
+    ("vocab_size as a boolean", "vocab_size must be an integer", (_U16, [1] * 3000),
+     '{"dtype": "uint16", "vocab_size": true}'),
+    ("vocab_size 0", "vocab_size=0 is outside 1..65536", (_U16, [0] * 3000), '{"dtype": "uint16", "vocab_size": 0}'),
+    ("vocab_size beyond what uint16 holds", "vocab_size=70000 is outside 1..65536", (_U16, [1] * 3000),
+     '{"dtype": "uint16", "vocab_size": 70000}'),
+    ("vocab_size NaN", "vocab_size must be an integer", (_U16, [1] * 3000), '{"dtype": "uint16", "vocab_size": NaN}'),
+    ("dtype as a list", "dtype must be uint16 or uint32", (_U16, [1] * 3000),
+     '{"dtype": ["uint16"], "vocab_size": 256}'),
+    ("dtype float32", "dtype must be uint16 or uint32", (_U16, [1] * 3000), '{"dtype": "float32", "vocab_size": 256}'),
+    ("metadata not an object", "must be a JSON object", (_U16, [1] * 3000), '[1, 2]'),
+    ("num_tokens negative", "num_tokens=-1 is outside", (_U16, [1] * 3000),
+     '{"dtype": "uint16", "vocab_size": 256, "num_tokens": -1}'),
+    ("num_tokens larger than the file", "is truncated: 3000 uint16 tokens, metadata says 4000", (_U16, [1] * 3000),
+     '{"dtype": "uint16", "vocab_size": 256, "num_tokens": 4000}'),
+    ("metadata nested 20000 deep", "is not JSON", (_U16, [1] * 3000), "[" * 20000 + "]" * 20000),
+    ("metadata of 1 MiB", "more than the 65536 allowed", (_U16, [1] * 3000), '{"pad": "' + "x" * (1 << 20) + '"}'),
+    ("empty token file", "is empty", (_U16, []), '{"dtype": "uint16", "vocab_size": 256}'),
+    ("metadata missing vocab_size", "missing 'vocab_size'", (_U16, [1] * 3000), '{"dtype": "uint16"}'),
+]
+DATA_CASES = [(what, names) for what, names, _, _ in DATA_FILES]
+
+# YAML that must not hang or overflow: a billion-laughs alias bomb, 10 000-deep nesting, 2 MiB.
+BOMB_YAML = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+SET_BOMB = "[" + ", ".join(f"&a{i} [" + ", ".join([f"*a{i - 1}" if i else "1"] * 9) + "]" for i in range(9)) + "]"
+
+
 TINY = ("--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
         "--set", "train.batch_size=4", "--set", "metrics.progress=false")
 FILE_DATA = ("--set", "data.source=file")
@@ -61,7 +104,7 @@ CASES = [
     T("yaml-python-tag", "YAML with !!python/object/apply:os.system (code execution attempt)",
       ["run", "--config", "{evil_yaml}"], 2, "malformed YAML"),
     T("yaml-binary", "--config file that is not UTF-8", ["run", "--config", "{binary_yaml}"], 2,
-      "cannot read (UnicodeDecodeError)"),
+      "cannot read (UnicodeDecodeError"),
     T("yaml-unknown-key", "unknown key inside a YAML section", ["run", "--config", "{unknown_key_yaml}"], 2,
       "train.bogus: unknown key"),
     T("config-missing", "--config naming no file and no preset", ["run", "--config", "nope"], 2,
@@ -76,7 +119,7 @@ CASES = [
     T("type-float-for-int", "1.5 for an integer", ["run", "--set", "train.steps=1.5"], 2, "train.steps"),
     T("type-bool", "'maybe' for a boolean", ["run", "--set", "parallel.compile=maybe"], 2, "parallel.compile"),
     T("zero-batch", "batch size 0", ["run", "--set", "train.batch_size=0"], 2, "train.batch_size: must be > 0"),
-    T("negative-steps", "--steps -5", ["run", "--steps", "-5"], 2, "train.steps: must be > 0"),
+    T("negative-steps", "--steps -5", ["run", "--steps", "-5"], 2, "'--steps': must be at least 1"),
     T("huge-seq-len", "sequence longer than the model's max_seq_len", ["run", "--set", "train.seq_len=100000"], 2,
       "train.seq_len: 100000 is longer than model.max_seq_len"),
     T("zero-timeout", "collective timeout 0", ["run", "--set", "train.timeout_s=0"], 2, "train.timeout_s"),
@@ -105,22 +148,178 @@ CASES = [
     T("train-flight-recorder-zero", "--flight-recorder 0", ["run", "--flight-recorder", "0"], 2, "--flight-recorder"),
     T("out-is-file", "--out naming an existing file", ["run", "--out", "{afile}"], 2, "exists and is not a directory"),
     T("out-under-file", "--out below an existing file", ["run", "--out", "{afile}/sub"], 2, "{afile}"),
-    # ---- train: runtime (exit 1 unless it is a usage error found late; all after the config checks)
+    # ---- train: hostile YAML (bounded size, depth, alias expansion; no hang, no RecursionError)
+    T("yaml-alias-bomb", "--config with a billion-laughs alias bomb", ["run", "--config", "{bomb_yaml}"], 2,
+      "alias bomb"),
+    T("yaml-deep", "--config nested 10 000 levels deep", ["run", "--config", "{deep_yaml}"], 2, "nested deeper than"),
+    T("yaml-huge", "--config of 2 MiB", ["run", "--config", "{huge_yaml}"], 2, "more than the 1048576 allowed"),
+    T("yaml-fifo", "--config naming a FIFO (a read would block)", ["run", "--config", "{fifo}"], 2, "is not a file"),
+    T("yaml-dup-key", "--config with a key given twice", ["run", "--config", "{dupkey_yaml}"], 2, "duplicate key 'steps'"),
+    T("yaml-recursive-alias", "--config with a self-referencing alias", ["run", "--config", "{recursive_yaml}"], 2,
+      "through aliases"),
+    T("set-alias-bomb", "--set value that is an alias bomb", ["run", "--set", "train.steps=" + SET_BOMB], 2, "alias bomb"),
+    T("set-deep", "--set value nested 200 deep", ["run", "--set", "train.steps=" + "[" * 200 + "]" * 200], 2,
+      "nested deeper than"),
+    # ---- train: numbers (ASCII digits, finite, in range) and types
+    T("seed-negative", "--seed -1", ["run", "--seed", "-1"], 2, "'--seed': must be at least 0"),
+    T("seed-huge", "--seed 2**64", ["run", "--seed", "18446744073709551616"], 2, "'--seed': must be at most"),
+    T("seed-set-huge", "train.seed beyond 2**32", ["run", "--set", "train.seed=99999999999"], 2, "train.seed: must be in"),
+    T("seed-set-float", "train.seed 1.5", ["run", "--set", "train.seed=1.5"], 2, "train.seed"),
+    T("int-beyond-int64", "an integer beyond int64", ["run", "--set", "train.steps=99999999999999999999999"], 2,
+      "train.steps: 99999999999999999999999 is out of range"),
+    T("lr-nan", "optim.lr=.nan", ["run", "--set", "optim.lr=.nan"], 2, "optim.lr: must be a finite number"),
+    T("lr-inf", "optim.lr=.inf", ["run", "--set", "optim.lr=.inf"], 2, "optim.lr: must be a finite number"),
+    T("lr-negative", "optim.lr=-0.1", ["run", "--set", "optim.lr=-0.1"], 2, "optim.lr: must be > 0"),
+    T("lr-word-nan", "optim.lr=nan (a string)", ["run", "--set", "optim.lr=nan"], 2, "optim.lr: 'nan' is not a number"),
+    T("lr-unicode-digits", "optim.lr with Arabic-Indic digits", ["run", "--set", "optim.lr=\u0663e-4"], 2,
+      "optim.lr"),
+    T("eps-negative", "optim.eps=-1e-8", ["run", "--set", "optim.eps=-1.0e-8"], 2, "optim.eps: must be in (0, 1)"),
+    T("eps-nan", "optim.eps=.nan", ["run", "--set", "optim.eps=.nan"], 2, "optim.eps: must be a finite number"),
+    T("grad-clip-nan", "optim.grad_clip=.nan", ["run", "--set", "optim.grad_clip=.nan"], 2,
+      "optim.grad_clip: must be a finite number"),
+    T("grad-clip-negative", "optim.grad_clip=-1", ["run", "--set", "optim.grad_clip=-1"], 2, "optim.grad_clip"),
+    T("weight-decay-negative", "optim.weight_decay=-1", ["run", "--set", "optim.weight_decay=-1"], 2,
+      "optim.weight_decay"),
+    T("beta-nan", "optim.beta1=.nan", ["run", "--set", "optim.beta1=.nan"], 2, "optim.beta1"),
+    T("peak-tflops-inf", "metrics.peak_tflops=.inf", ["run", "--set", "metrics.peak_tflops=.inf"], 2,
+      "metrics.peak_tflops"),
+    T("name-list", "a list where a preset name is expected", ["run", "--set", "model.name=[a, b]"], 2,
+      "model.name: expected a preset name, got list"),
+    T("name-mapping", "a mapping where a preset name is expected", ["run", "--set", "model.name={a: 1}"], 2,
+      "model.name: expected a preset name, got dict"),
+    T("source-list", "a list where data.source is expected", ["run", "--set", "data.source=[file]"], 2, "data.source"),
+    T("precision-number", "a number where train.precision is expected", ["run", "--set", "train.precision=16"], 2,
+      "train.precision"),
+    T("steps-unicode", "--steps in Arabic-Indic digits", ["run", "--steps", "\u0661\u0660"], 2,
+      "'--steps'"),
+    T("steps-superscript", "--steps '\u00b2'", ["run", "--steps", "\u00b2"], 2, "is not an integer (ASCII digits only)"),
+    T("steps-fullwidth", "--steps in full-width digits", ["run", "--steps", "\uff13"], 2, "'--steps'"),
+    T("set-steps-unicode", "train.steps in Arabic-Indic digits", ["run", "--set", "train.steps=\u0661\u0660"], 2,
+      "train.steps: expected int, got str"),
+    T("checkpoint-every-negative", "--checkpoint-every -1", ["run", "--checkpoint-every", "-1"], 2,
+      "'--checkpoint-every'"),
+    T("train-flight-recorder-unicode", "--flight-recorder in Devanagari digits", ["run", "--flight-recorder", "\u0968"], 2,
+      "'--flight-recorder'"),
+    T("timeout-huge", "train.timeout_s of 100 years", ["run", "--set", "train.timeout_s=3153600000"], 2,
+      "train.timeout_s must be at most 7 days"),
+    T("non-utf8-set", "a --set value with a non-UTF-8 byte", ["run", "--set", "model.name=\udcff"], 2,
+      "model.name: unknown preset"),
+    T("non-utf8-key", "a --set key with a non-UTF-8 byte", ["run", "--set", "train.\udcff=1"], 2, "unknown key"),
+    # ---- train: this machine and the launcher's environment
+    T("cuda-on-cpu", "train.device=cuda on a machine without a GPU", ["run", "--set", "train.device=cuda"], 2,
+      "train.device=cuda: no CUDA GPU is visible"),
+    T("fp16-on-cpu", "train.precision=fp16 on the CPU", ["run", "--set", "train.precision=fp16"], 2,
+      "train.precision=fp16 needs a CUDA GPU"),
+    T("world-size-no-rank", "WORLD_SIZE=2 without RANK (would wait for peers forever)", ["run"], 2,
+      "WORLD_SIZE=2 without RANK", env=[("WORLD_SIZE", "2")]),
+    T("world-size-zero", "WORLD_SIZE=0", ["run"], 2, "WORLD_SIZE=0: must be at least 1", env=[("WORLD_SIZE", "0")]),
+    T("world-size-unicode", "WORLD_SIZE in Arabic-Indic digits", ["run"], 2, "is not an integer",
+      env=[("WORLD_SIZE", "\u0662")]),
+    T("rank-beyond-world", "RANK=2 with WORLD_SIZE=2", ["run"], 2, "RANK=2 is not below WORLD_SIZE=2",
+      env=[("WORLD_SIZE", "2"), ("RANK", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+           ("MASTER_PORT", "29500")]),
+    T("master-port-bad", "MASTER_PORT=99999", ["run"], 2, "MASTER_PORT='99999'",
+      env=[("WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+           ("MASTER_PORT", "99999")]),
+    T("local-rank-unicode", "LOCAL_RANK in full-width digits", ["run"], 2, "LOCAL_RANK",
+      env=[("LOCAL_RANK", "\uff10")]),
+    # ---- train: the run directory (--out)
+    T("out-empty", "--out ''", ["run", "--out", ""], 2, "--out: empty directory name"),
+    T("out-fifo", "--out naming a FIFO", ["run", "--out", "{fifo}"], 2, "exists and is not a directory"),
+    T("out-newline", "--out with a newline in it", ["run", "--out", "{tmp}/a\nb"], 2, "control characters"),
+    T("out-dangling-link", "--out a dangling symbolic link", ["run", "--out", "{dangling}"], 2,
+      "dangling symbolic link"),
+    T("out-busy", "--out held by a live run (flock held)", ["run", "--set", "data.source=synthetic", *TINY,
+                                                             "--out", "{busy_run}"], 2, "in use by another run (pid"),
+    T("out-busy-other-host", "--out whose lock names a run on another host (shared file system)",
+      ["run", "--set", "data.source=synthetic", *TINY, "--out", "{remote_run}"], 2,
+      "in use by another run (pid 4242 on node-elsewhere"),
+    T("resume-overwrite", "--resume together with --overwrite", ["run", "--resume", "--overwrite"], 2,
+      "--resume and --overwrite exclude each other"),
+    T("resume-config-changed", "--resume with a different learning rate",
+      ["run", "--resume", "--set", "data.source=synthetic", *TINY, "--set", "optim.lr=0.5"], 2,
+      "--resume: the config differs from the run in"),
+    T("resume-rope-changed", "--resume with a different rope_theta",
+      ["run", "--resume", "--set", "data.source=synthetic", *TINY, "--set", "model.rope_theta=5000"], 2,
+      "model.rope_theta"),
+    T("resume-seq-changed", "--resume with a different seq_len",
+      ["run", "--resume", "--set", "data.source=synthetic", *TINY, "--set", "train.seq_len=16"], 2, "train.seq_len"),
+    T("resume-source-changed", "--resume with a different data source", ["run", "--resume", *TINY], 2,
+      "data.source"),
+    T("resume-config-garbage", "--resume next to an unreadable config.yaml",
+      ["run", "--resume", "--set", "data.source=synthetic", *TINY, "--out", "{garbage_run}"], 2,
+      "--resume: cannot compare with the recorded"),
+    # ---- train bench / doctor
+    T("bench-name-path", "bench report --name with a path", ["bench", "step", "--name", "../../x"], 2,
+      "--name '../../x'"),
+    T("bench-name-dash", "bench report --name starting with '-'", ["bench", "step", "--name=-x"], 2, "--name '-x'"),
+    T("bench-out-fifo", "bench --out naming a FIFO", ["bench", "step", "--out", "{fifo}"], 2,
+      "exists and is not a directory"),
+    T("bench-batch-zero", "bench grid with batch 0", ["bench", "step", "--batch", "4,0"], 2,
+      "--batch: must be at least 1"),
+    T("bench-batch-word", "bench grid with a word for a batch", ["bench", "step", "--batch", "abc"], 2,
+      "--batch: 'abc' is not an integer"),
+    T("bench-seq-unicode", "bench grid seq in Arabic-Indic digits", ["bench", "step", "--seq", "\u0661\u0662"], 2,
+      "--seq"),
+    T("bench-grid-empty", "bench grid list with no values", ["bench", "step", "--batch", ","], 2, "--batch: empty list"),
+    T("bench-preset-unknown", "bench grid with an unknown preset", ["bench", "step", "--preset", "tiny,70b"], 2,
+      "--preset: unknown '70b'"),
+    T("bench-strategy-unknown", "bench grid with an unknown strategy", ["bench", "step", "--strategy", "zero3"], 2,
+      "--strategy: unknown 'zero3'"),
+    T("bench-fp8-unknown", "bench grid with an unknown FP8 recipe", ["bench", "step", "--fp8", "fp4"], 2,
+      "--fp8: unknown 'fp4'"),
+    T("bench-ac-unknown", "bench grid with an unknown AC mode", ["bench", "step", "--ac", "some"], 2,
+      "--ac: unknown 'some'"),
+    T("bench-grid-huge", "bench grid of 10^6 points", ["bench", "step", "--batch", ",".join(map(str, range(1, 1001))),
+                                                       "--seq", ",".join(map(str, range(1, 1001)))], 2,
+      "more than 1000"),
+    T("bench-grid-bad-point", "bench grid whose point is an invalid config", ["bench", "step", "--seq", "100000"], 2,
+      "train.seq_len: 100000 is longer"),
+    T("bench-plan-bomb", "bench --plan alias bomb", ["bench", "step", "--plan", "{bomb_yaml}"], 2, "alias bomb"),
+    T("bench-plan-mapping", "bench --plan that is not a list", ["bench", "step", "--plan", "{unknown_key_yaml}"], 2,
+      "expected a YAML list of mappings"),
+    T("bench-steps-zero", "bench --steps 0", ["bench", "step", "--steps", "0"], 2, "--steps must be >= 1"),
+    T("bench-comm-size-unicode", "bench comm size in Arabic-Indic digits", ["bench", "comm", "--max-bytes",
+                                                                          "\u0661G"], 2, "not a size"),
+    T("bench-comm-size-huge", "bench comm size of 1000 TiB", ["bench", "comm", "--max-bytes", "1000T"], 2,
+      "is more than 64 GiB"),
+    T("bench-comm-ops-empty", "bench comm --ops ','", ["bench", "comm", "--ops", ","], 2, "--ops: empty list"),
+    T("bench-comm-name", "bench comm --name with a path", ["bench", "comm", "--name", "a/b"], 2, "--name 'a/b'"),
+    T("bench-compression-nan", "bench compression topk ratio NaN", ["bench", "compression", "--variants", "topk:nan"],
+      2, "--variants topk:RATIO: 'nan' is not a number"),
+    T("bench-compression-unicode", "bench compression powersgd rank in Arabic-Indic digits",
+      ["bench", "compression", "--variants", "powersgd:\u0664"], 2, "--variants powersgd:R"),
+    T("bench-compression-unknown", "bench compression unknown variant", ["bench", "compression", "--variants",
+                                                                          "zip"], 2, "--variants: unknown 'zip'"),
+    T("doctor-batch-zero", "doctor --batch 0 (0 must not mean the default)", ["doctor", "--batch", "0"], 2,
+      "--batch 0: must be in 1.."),
+    T("doctor-seq-negative", "doctor --seq -1", ["doctor", "--seq", "-1"], 2, "--seq -1"),
+    T("doctor-gpus-unicode", "doctor --gpus in superscript digits", ["doctor", "--gpus", "\u00b2"], 2, "'--gpus'"),
+    T("doctor-gpus-huge", "doctor --gpus 10^12", ["doctor", "--gpus", "1000000000000"], 2, "--gpus 1000000000000"),
+    T("doctor-profile-path", "doctor --profile with a path", ["doctor", "--profile", "../../etc/passwd"], 2,
+      "--profile '../../etc/passwd': unknown profile"),
+    T("doctor-preset-unknown", "doctor --preset 70b", ["doctor", "--preset", "70b"], 2, "--preset '70b'"),
+    # ---- train: data files (bad input: exit 2, found when the data is opened)
     T("data-missing", "data.path that does not exist", ["run", *FILE_DATA, "--set", "data.path={tmp}/none.bin", *TINY],
-      1, "data.path: token file {tmp}/none.bin does not exist"),
+      2, "data.path: token file {tmp}/none.bin does not exist"),
     T("data-truncated", "token file cut mid-token", ["run", *FILE_DATA, "--set", "data.path={truncated_bin}", *TINY],
-      1, "is truncated"),
+      2, "is truncated"),
     T("data-short", "token file shorter than its metadata says", ["run", *FILE_DATA, "--set",
                                                                   "data.path={short_bin}", *TINY],
-      1, "is truncated: 1000 tokens, metadata says 5000"),
+      2, "is truncated: 1000 uint16 tokens, metadata says 5000"),
     T("data-no-metadata", "token file without its .json", ["run", *FILE_DATA, "--set", "data.path={nometa_bin}", *TINY],
-      1, "nometa.json is missing"),
+      2, "nometa.json is missing"),
     T("data-vocab", "data vocabulary larger than model.vocab_size",
-      ["run", *FILE_DATA, "--set", "data.path={bigvocab_bin}", *TINY], 1, "model.vocab_size: 256 is smaller"),
+      ["run", *FILE_DATA, "--set", "data.path={bigvocab_bin}", *TINY], 2, "model.vocab_size: 256 is smaller"),
+    *[T(f"data-{i}", what, ["run", *FILE_DATA, "--set", f"data.path={{data_{i}}}", *TINY], 2, names)
+      for i, (what, names) in enumerate(DATA_CASES)],
+    # ---- train: runtime (exit 1; all after the config checks)
     T("model-huge", "model.dim=67108864 (far beyond any memory and address space)",
-      ["run", "--set", "model.dim=67108864", "--set", "data.source=synthetic"], 1, "out of memory on rank 0 (cpu)"),
-    T("fresh-over-checkpoints", "a new run (no --resume) into a directory holding checkpoints",
-      ["run", "--set", "data.source=synthetic", *TINY], 2, "holds checkpoints up to step_00000002; pass --resume"),
+      ["run", "--set", "model.dim=67108864", "--set", "data.source=synthetic", "--out", "{tmp}/huge-run"], 1,
+      "out of memory on rank 0 (cpu)"),
+    T("fresh-over-checkpoints", "a new run (no --resume) into a directory holding an earlier run",
+      ["run", "--set", "data.source=synthetic", *TINY], 2,
+      "holds an earlier run (config.yaml, metrics.jsonl, checkpoints/); pass --resume"),
     T("resume-unreadable", "--resume when every checkpoint is unreadable",
       ["run", "--resume", "--set", "data.source=synthetic", *TINY], 1,
       "none of the 1 complete checkpoint(s) in {run}/checkpoints could be loaded"),
@@ -134,7 +333,8 @@ CASES = [
       "MIN (4) is greater than MAX (2)"),
     L("nnodes-garbage", "--nnodes abc", ["torchrun", "--nnodes", "abc"], 2, "--nnodes 'abc'"),
     L("nproc-zero", "--nproc-per-node 0", ["torchrun", "--nproc-per-node", "0"], 2, "--nproc-per-node"),
-    L("port-range", "--rdzv-port 70000", ["torchrun", "--rdzv-port", "70000"], 2, "port 70000"),
+    L("port-range", "--rdzv-port 70000", ["torchrun", "--rdzv-port", "70000"], 2,
+      "'--rdzv-port': must be at most 65535, got 70000"),
     L("restarts-negative", "--max-restarts -1", ["torchrun", "--max-restarts", "-1"], 2, "--max-restarts"),
     L("grace-negative", "--grace-period -5", ["torchrun", "--grace-period", "-5"], 2, "--grace-period"),
     L("name-shell", "job name with shell metacharacters", ["torchrun", "--name", "x;rm -rf /"], 2,
@@ -154,6 +354,135 @@ CASES = [
     L("output-no-parent", "-o in a directory that does not exist", ["torchrun", "-o", "{tmp}/nodir/x.sh"], 2,
       "does not exist"),
     L("unknown-command", "a subcommand that does not exist", ["frobnicate"], 2, "No such command 'frobnicate'"),
+    # ---- launch: images (OCI reference grammar for every backend; enroot forms with Slurm + pyxis)
+    *[L(f"image-{backend}-{i}", f"{backend} --image {what}", [backend, *extra, "--image", image], 2, "--image")
+      for backend, extra in (("docker", []), ("slurm", ["--pyxis"]), ("k8s", []), ("torchrun", []))
+      for i, (what, image) in enumerate((("option (--privileged)", "--privileged"),
+                                          ("with a space and an option", "img:1 --privileged"),
+                                          ("with a newline", "img:1\n#SBATCH --x")))],
+    L("image-empty", "--image ''", ["docker", "--image", ""], 2, "--image is empty"),
+    L("image-upper", "--image with upper-case repository", ["docker", "--image", "Registry/IMG"], 2, "--image"),
+    L("image-bad-digest", "--image with a short digest", ["docker", "--image", "img@sha256:abc"], 2, "--image"),
+    L("image-long-tag", "--image with a 200-character tag", ["docker", "--image", "img:" + "a" * 200], 2, "--image"),
+    L("image-command-substitution", "--image with $(...)", ["k8s", "--image", "img:$(reboot)"], 2, "--image"),
+    # ---- launch: -o only writes regular files (a rename would replace a FIFO, device or symlink)
+    L("output-fifo", "-o naming a FIFO", ["torchrun", "-o", "{fifo}"], 2, "is a FIFO"),
+    L("output-dev-null", "-o /dev/null (as root a rename would replace the device)", ["torchrun", "-o", "/dev/null"],
+      2, "is a character device"),
+    L("output-symlink", "-o naming a symbolic link", ["env", "-o", "{symlink}"], 2, "is a symbolic link"),
+    L("output-empty", "-o ''", ["k8s", "-o", ""], 2, "empty file name"),
+    # ---- launch: profile/fabric YAML (bounded)
+    L("profile-alias-bomb", "--profile YAML alias bomb", ["torchrun", "--profile", "{bomb_yaml}"], 2, "alias bomb"),
+    L("profile-deep", "--profile YAML nested 10 000 deep", ["torchrun", "--profile", "{deep_yaml}"], 2,
+      "nested deeper than"),
+    L("profile-huge", "--profile YAML of 2 MiB", ["torchrun", "--profile", "{huge_yaml}"], 2, "more than the"),
+    L("profile-dup-key", "--profile YAML with a key twice", ["torchrun", "--profile", "{dupkey_yaml}"], 2,
+      "duplicate key"),
+    L("profile-binary", "--profile YAML that is not UTF-8", ["torchrun", "--profile", "{binary_yaml}"], 2,
+      "not UTF-8"),
+    L("fabric-alias-bomb", "--fabric YAML alias bomb", ["torchrun", "--fabric", "{bomb_yaml}"], 2, "alias bomb"),
+    L("fabric-recursive", "--fabric YAML with a self-referencing alias", ["env", "--fabric", "{recursive_yaml}"], 2,
+      "through aliases"),
+    L("fabric-single-node-multi", "single-node fabric for a 2-node job", ["torchrun", "--nnodes", "2", "--fabric",
+                                                                          "nvlink"], 2, "is single-node"),
+    # ---- launch: numbers (ASCII digits, bounded)
+    L("nnodes-superscript", "--nnodes '\u00b2'", ["torchrun", "--nnodes", "\u00b2"], 2, "--nnodes '\u00b2'"),
+    L("nnodes-arabic", "--nnodes in Arabic-Indic digits", ["k8s", "--nnodes", "\u0662:\u0664"], 2, "--nnodes"),
+    L("nnodes-huge", "--nnodes 10^9", ["slurm", "--nnodes", "1000000000"], 2, "--nnodes"),
+    L("nproc-unicode", "--nproc-per-node in Arabic-Indic digits", ["torchrun", "--nproc-per-node", "\u0668"], 2,
+      "'--nproc-per-node'"),
+    L("nproc-huge", "--nproc-per-node 10^11", ["torchrun", "--nproc-per-node", "99999999999"], 2,
+      "'--nproc-per-node': must be at most"),
+    L("port-unicode", "--rdzv-port in full-width digits", ["torchrun", "--rdzv-port", "\uff12\uff19"], 2,
+      "'--rdzv-port'"),
+    L("grace-huge", "--grace-period 10^12", ["slurm", "--grace-period", "1000000000000"], 2, "'--grace-period'"),
+    L("restarts-huge", "--max-restarts 10^9", ["torchrun", "--max-restarts", "1000000000"], 2, "'--max-restarts'"),
+    L("flight-recorder-unicode", "--flight-recorder in Devanagari digits", ["env", "--flight-recorder", "\u0968"], 2,
+      "'--flight-recorder'"),
+    L("ttl-negative", "k8s --ttl-seconds -1", ["k8s", "--ttl-seconds", "-1"], 2, "'--ttl-seconds'"),
+    L("backoff-fullwidth", "k8s --backoff-limit in full-width digits", ["k8s", "--backoff-limit", "\uff13"], 2,
+      "'--backoff-limit'"),
+    L("endpoint-port-unicode", "--rdzv-endpoint port in Arabic-Indic digits",
+      ["torchrun", "--nnodes", "2", "--fabric", "infiniband", "--rdzv-endpoint", "h:\u0662\u0669"], 2,
+      "--rdzv-endpoint"),
+    L("gid-index-unicode", "--ib-gid-index in Arabic-Indic digits", ["env", "--ib-gid-index", "\u0663"], 2,
+      "--ib-gid-index"),
+    L("rdma-count-unicode", "k8s --rdma-resource count in Arabic-Indic digits",
+      ["k8s", "--rdma-resource", "rdma/ib=\u0662"], 2, "--rdma-resource"),
+    L("memory-unicode", "k8s --memory in Arabic-Indic digits", ["k8s", "--memory", "\u0665Gi"], 2, "--memory"),
+    L("cpus-fraction-slurm", "slurm --cpus 1.5", ["slurm", "--cpus", "1.5"], 2, "--cpus '1.5'"),
+    # ---- launch: environment (documented NCCL names, NVLink multicast off, each name once)
+    L("env-nccl-undocumented", "--env with an NCCL name NCCL does not document", ["env", "--env", "NCCL_IB_HCAS=x"],
+      2, "NCCL_IB_HCAS: not a documented NCCL variable"),
+    L("env-nvls-on", "--env NCCL_NVLS_ENABLE=1", ["env", "--env", "NCCL_NVLS_ENABLE=1"], 2, "NCCL_NVLS_ENABLE='1'"),
+    L("env-nvls-spaced", "--env 'NCCL_NVLS_ENABLE= 1'", ["env", "--env", "NCCL_NVLS_ENABLE= 1"], 2,
+      "NCCL_NVLS_ENABLE"),
+    L("env-symm-multicast", "--env TORCH_SYMM_MEM_DISABLE_MULTICAST=0", ["env", "--env",
+                                                                          "TORCH_SYMM_MEM_DISABLE_MULTICAST=0"], 2,
+      "TORCH_SYMM_MEM_DISABLE_MULTICAST='0' refused"),
+    L("env-nvshmem-nvls", "--env NVSHMEM_DISABLE_NVLS=0", ["env", "--env", "NVSHMEM_DISABLE_NVLS=0"], 2,
+      "NVSHMEM_DISABLE_NVLS='0' refused"),
+    L("env-duplicate", "--env with the same name twice", ["env", "--env", "A=1", "--env", "A=2"], 2, "A is given twice"),
+    L("env-unicode-name", "--env with a non-ASCII name", ["env", "--env", "\u00c4B=1"], 2,
+      "is not a valid environment variable name"),
+    L("env-secret-nvls", "k8s --env-secret NCCL_NVLS_ENABLE", ["k8s", "--env-secret", "NCCL_NVLS_ENABLE=s:k"], 2,
+      "--env-secret NCCL_NVLS_ENABLE: refused"),
+    L("env-secret-undocumented", "k8s --env-secret with an undocumented NCCL name",
+      ["k8s", "--env-secret", "NCCL_FOO=s:k"], 2, "NCCL_FOO: not a documented NCCL variable"),
+    L("env-secret-myth", "k8s --env-secret NCCL_TIMEOUT", ["k8s", "--env-secret", "NCCL_TIMEOUT=s:k"], 2,
+      "NCCL_TIMEOUT is not an NCCL variable"),
+    L("env-secret-duplicate", "k8s --env-secret twice with one name",
+      ["k8s", "--env-secret", "HF=a:k", "--env-secret", "HF=b:k"], 2, "HF is given twice"),
+    L("env-secret-clash", "k8s --env and --env-secret with one name",
+      ["k8s", "--env", "HF=1", "--env-secret", "HF=a:k"], 2, "HF is given twice"),
+    L("env-secret-clash-profile", "k8s --env-secret of a variable the profile sets",
+      ["k8s", "--profile", "h100", "--env-secret", "OMP_NUM_THREADS=a:k"], 2, "OMP_NUM_THREADS is given twice"),
+    # ---- launch: paths (no system directories, nothing over /dev/shm)
+    L("checkpoint-dir-shm", "k8s --checkpoint-dir /dev/shm (collides with the shm volume)",
+      ["k8s", "--checkpoint-dir", "/dev/shm"], 2, "--checkpoint-dir '/dev/shm': a system directory"),
+    L("checkpoint-dir-shm-sub", "k8s --checkpoint-dir /dev/shm/ckpt", ["k8s", "--checkpoint-dir", "/dev/shm/ckpt"], 2,
+      "--checkpoint-dir '/dev/shm/ckpt'"),
+    L("checkpoint-dir-root", "docker --checkpoint-dir / (mounts the host root)", ["docker", "--checkpoint-dir", "/"], 2,
+      "--checkpoint-dir '/'"),
+    L("checkpoint-dir-dotdot", "--checkpoint-dir /data/../etc", ["docker", "--checkpoint-dir", "/data/../etc"], 2,
+      "'..' components are not allowed"),
+    L("checkpoint-dir-relative", "--checkpoint-dir relative", ["k8s", "--checkpoint-dir", "ckpt"], 2,
+      "must be an absolute path"),
+    L("mount-root", "docker --mount /:/host", ["docker", "--mount", "/:/host"], 2, "--mount '/'"),
+    L("mount-etc", "docker --mount /etc:/etc:ro", ["docker", "--mount", "/etc:/etc:ro"], 2, "--mount '/etc'"),
+    L("mount-proc-target", "docker --mount over /proc", ["docker", "--mount", "/data:/proc/x"], 2, "--mount '/proc/x'"),
+    L("mount-slurm-usr", "slurm --pyxis --mount /usr:/usr", ["slurm", "--pyxis", "--mount", "/usr:/usr"], 2,
+      "--mount '/usr'"),
+    # ---- launch: names and tokens
+    L("rdzv-id-injection", "--rdzv-id with $(...)", ["torchrun", "--rdzv-id", "$(reboot)"], 2, "--rdzv-id '$(reboot)'"),
+    L("endpoint-injection", "--rdzv-endpoint with ';'", ["torchrun", "--nnodes", "2", "--fabric", "infiniband",
+                                                          "--rdzv-endpoint", "h;reboot"], 2, "--rdzv-endpoint"),
+    L("name-leading-dash", "--name -x", ["k8s", "--name=-x"], 2, "--name '-x'"),
+    L("name-too-long", "--name of 64 characters", ["k8s", "--name", "a" * 64], 2, "is not a DNS-1035 label"),
+    L("partition-space", "slurm --partition with a space", ["slurm", "--partition", "gpu --x"], 2, "--partition"),
+    L("account-newline", "slurm --account with a newline", ["slurm", "--account", "a\n#SBATCH --x"], 2, "--account"),
+    L("socket-ifname-injection", "--socket-ifname with $(...)", ["env", "--socket-ifname", "$(x)"], 2,
+      "--socket-ifname"),
+    L("ib-hca-space", "--ib-hca with a space", ["env", "--ib-hca", "mlx5_0 mlx5_1"], 2, "--ib-hca"),
+    L("subsys-injection", "--nccl-debug-subsys with ';'", ["env", "--nccl-debug-subsys", "INIT;x"], 2,
+      "--nccl-debug-subsys"),
+    L("node-selector-space", "k8s --node-selector value with a space", ["k8s", "--node-selector", "a=b c"], 2,
+      "--node-selector"),
+    L("annotation-no-key", "k8s --pod-annotation without a key", ["k8s", "--pod-annotation", "=v"], 2,
+      "--pod-annotation"),
+    L("namespace-upper", "k8s --namespace NS", ["k8s", "--namespace", "NS"], 2, "--namespace 'NS'"),
+    L("pvc-space", "k8s --pvc with a space", ["k8s", "--pvc", "a b"], 2, "--pvc 'a b'"),
+    L("shm-size-exp", "k8s --shm-size 1e9", ["k8s", "--shm-size", "1e9"], 2, "--shm-size '1e9'"),
+    L("queue-space", "k8s --queue with a space", ["k8s", "--queue", "q q"], 2, "--queue 'q q'"),
+    L("pull-secret-underscore", "k8s --image-pull-secret A_B", ["k8s", "--image-pull-secret", "A_B"], 2,
+      "--image-pull-secret 'A_B'"),
+    L("entrypoint-unbalanced", "--entrypoint with an unclosed quote", ["torchrun", "--entrypoint", "python 'x"], 2,
+      "--entrypoint"),
+    L("entrypoint-empty", "--entrypoint ''", ["torchrun", "--entrypoint", ""], 2, "--entrypoint is empty"),
+    L("run-multi-node", "launch run for 2 nodes", ["run", "--dry-run", "--nnodes", "2", "--fabric", "infiniband"], 2,
+      "starts single-node jobs"),
+    L("k8s-non-utf8", "k8s training argument with a non-UTF-8 byte", ["k8s", "--", "--set", "x=\udcff"], 2,
+      "not valid UTF-8"),
 ]
 
 
@@ -170,8 +499,16 @@ def _fixtures(tmp: Path) -> dict[str, str]:
     (tmp / "evil.yaml").write_text('model: !!python/object/apply:os.system ["touch PWNED"]\n')
     (tmp / "binary.yaml").write_bytes(b"\xff\xfe\x00\x81garbage")
     (tmp / "unknown.yaml").write_text("train:\n  bogus: 1\n")
+    (tmp / "bomb.yaml").write_text(BOMB_YAML)
+    (tmp / "deep.yaml").write_text("a: " + "[" * 10000 + "]" * 10000 + "\n")
+    (tmp / "huge.yaml").write_text("# " + "x" * (2 << 20) + "\n")
+    (tmp / "dupkey.yaml").write_text("train:\n  steps: 1\n  steps: 2\n")
+    (tmp / "recursive.yaml").write_text("a: &a [*a]\n")
+    os.mkfifo(tmp / "fifo.yaml")
     (tmp / "adir").mkdir()
     (tmp / "afile").write_text("not a directory\n")
+    (tmp / "link.sh").symlink_to(tmp / "afile")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
     (tmp / "truncated.bin").write_bytes(b"\x01\x00" * 500 + b"\x07")
     (tmp / "truncated.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256}))
     np.arange(1000, dtype=np.uint16).tofile(tmp / "short.bin")
@@ -179,34 +516,82 @@ def _fixtures(tmp: Path) -> dict[str, str]:
     np.arange(1000, dtype=np.uint16).tofile(tmp / "nometa.bin")
     np.arange(5000, dtype=np.uint16).tofile(tmp / "bigvocab.bin")
     (tmp / "bigvocab.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 50257}))
-    run = tmp / "run"
-    ckpt = run / "checkpoints" / "step_00000002"
-    ckpt.mkdir(parents=True)
-    (run / "config.yaml").write_text("# an earlier run\n")
-    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
-    files = {".metadata": b"\x80garbage-metadata", "__0_0.distcp": os.urandom(4096), "extra_rank0.pt": b"junk"}
-    for name, data in files.items():
-        (ckpt / name).write_bytes(data)
-    (ckpt / "manifest.json").write_text(json.dumps(
-        {"step": 2, "world_size": 1, "files": {n: len(d) for n, d in files.items()}}))
-    (run / "checkpoints" / "latest").write_text("step_00000002\n")
-    return {"tmp": str(tmp), "run": str(run), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
+    paths = {}
+    for i, (_, _, (dtype, values), meta) in enumerate(DATA_FILES):
+        np.asarray(values, dtype=dtype).tofile(tmp / f"data{i}.bin")
+        (tmp / f"data{i}.json").write_text(meta)
+        paths[f"data_{i}"] = str(tmp / f"data{i}.bin")
+    runs = {}
+    for name in ("run", "busy_run", "remote_run", "garbage_run"):
+        run = tmp / name
+        ckpt = run / "checkpoints" / "step_00000002"
+        ckpt.mkdir(parents=True)
+        (run / "config.yaml").write_text("# an earlier run\n" if name != "garbage_run" else "train: [1, 2\n")
+        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
+        files = {".metadata": b"\x80garbage-metadata", "__0_0.distcp": os.urandom(4096), "extra_rank0.pt": b"junk"}
+        for fname, data in files.items():
+            (ckpt / fname).write_bytes(data)
+        (ckpt / "manifest.json").write_text(json.dumps(
+            {"step": 2, "world_size": 1, "files": {n: len(d) for n, d in files.items()}}))
+        (run / "checkpoints" / "latest").write_text("step_00000002\n")
+        runs[name] = str(run)
+    # a run directory whose lock names a run on another host (a shared file system without coherent flock)
+    (tmp / "remote_run" / ".train.lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 4242}))
+    (tmp / "busy_run" / ".train.lock").write_text(json.dumps({"host": "this-test", "pid": os.getpid()}))
+    return {"tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
             "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
             "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),
+            "bomb_yaml": str(tmp / "bomb.yaml"), "deep_yaml": str(tmp / "deep.yaml"), "huge_yaml": str(tmp / "huge.yaml"),
+            "dupkey_yaml": str(tmp / "dupkey.yaml"), "recursive_yaml": str(tmp / "recursive.yaml"),
+            "fifo": str(tmp / "fifo.yaml"), "symlink": str(tmp / "link.sh"), "dangling": str(tmp / "dangling"),
             "truncated_bin": str(tmp / "truncated.bin"), "short_bin": str(tmp / "short.bin"),
-            "nometa_bin": str(tmp / "nometa.bin"), "bigvocab_bin": str(tmp / "bigvocab.bin")}
+            "nometa_bin": str(tmp / "nometa.bin"), "bigvocab_bin": str(tmp / "bigvocab.bin"), **runs, **paths}
 
 
 def _resolve(case: Case, paths: dict[str, str]) -> tuple[list[str], str]:
-    argv = [a.format(**paths) for a in case.argv]
-    if case.tool == "train" and "--out" not in argv:
+    def fill(text: str) -> str:  # {placeholder} -> file; other braces (YAML flow mappings) stay
+        return re.sub(r"\{(\w+)\}", lambda m: paths.get(m.group(1), m.group(0)), text)
+
+    argv = [fill(a) for a in case.argv]
+    if case.tool == "train" and case.argv[0] == "run" and "--out" not in argv:
         argv += ["--out", paths["run"]]
-    return argv, case.names.format(**paths)
+    return argv, fill(case.names)
 
 
-def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: content hash and mode of files, target of links, kind of
+    the rest (FIFOs are never opened)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        if stat.S_ISREG(st.st_mode):
+            out[str(p.relative_to(root))] = f"{hashlib.sha256(p.read_bytes()).hexdigest()} {st.st_mode:o}"
+        elif stat.S_ISLNK(st.st_mode):
+            out[str(p.relative_to(root))] = f"-> {os.readlink(p)}"
+        elif not stat.S_ISDIR(st.st_mode):
+            out[str(p.relative_to(root))] = f"special {st.st_mode:o}"
+    return out
+
+
+CASE_TIMEOUT_S = 60  # per case: a hang (alias bomb, FIFO read, peers that never come) fails the case
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: int):
+    def expire(signum, frame):
+        raise CaseTimeout(f"no answer within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # ----------------------------------------------------------------------------- train (child)
@@ -225,10 +610,20 @@ def _child(cases_file: str, results_file: str) -> None:
     train.trainer.Trainer.fit = refuse_training
     spec = json.loads(Path(cases_file).read_text())
     root = Path(spec["root"])
+    # the earlier runs' recorded config: the one the --resume cases are compared with
+    from train import rundir
+    from train.config import load_config
+
+    job = load_config("tiny", ["data.source=synthetic", *TINY[1::2]])
+    for name in ("run", "busy_run", "remote_run"):
+        rundir.write_config(root / name, job, "fresh start")
     out = {}
     for c in spec["cases"]:
         before = _snapshot(root)
-        res = CliRunner().invoke(main, c["argv"], env=dict(c["env"]), catch_exceptions=True)
+        t0 = time.monotonic()
+        with _deadline(CASE_TIMEOUT_S):
+            res = CliRunner().invoke(main, c["argv"], env=dict(c["env"]), catch_exceptions=True)
+        seconds = time.monotonic() - t0
         after = _snapshot(root)
         crash = None
         if res.exception is not None and not isinstance(res.exception, SystemExit):
@@ -236,6 +631,7 @@ def _child(cases_file: str, results_file: str) -> None:
 
             crash = "".join(traceback.format_exception(res.exception))
         out[c["id"]] = {"code": res.exit_code, "stderr": res.stderr, "stdout": res.stdout, "crash": crash,
+                        "seconds": seconds,
                         "changed": sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))}
     Path(results_file).write_text(json.dumps(out))
 
@@ -248,11 +644,19 @@ def train_results(tmp_path_factory):
     spec = {"root": str(tmp), "cases": [{"id": c.id, "argv": _resolve(c, paths)[0], "env": list(c.env)}
                                         for c in cases]}
     (tmp / "cases.json").write_text(json.dumps(spec))
+    # a live run holds busy_run's lock (this process) while the cases run
+    import fcntl
+
+    lock_fd = os.open(Path(paths["busy_run"]) / ".train.lock", os.O_RDWR)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"):
         env.pop(name, None)
-    res = subprocess.run([sys.executable, __file__, "--child", str(tmp / "cases.json"), str(tmp / "results.json")],
-                         cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    try:
+        res = subprocess.run([sys.executable, __file__, "--child", str(tmp / "cases.json"), str(tmp / "results.json")],
+                             cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        os.close(lock_fd)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     (tmp / "cases.json").unlink()
     return json.loads((tmp / "results.json").read_text()), paths
@@ -271,6 +675,7 @@ def test_train_rejects(case, train_results):
     r = results[case.id]
     _, names = _resolve(case, paths)
     assert r["crash"] is None, f"{case.id}: uncaught exception\n{r['crash']}"
+    assert r["seconds"] < CASE_TIMEOUT_S
     assert r["code"] == case.code, f"{case.id}: exit {r['code']}, expected {case.code}\n{r['stderr'][-2000:]}"
     assert "Traceback" not in r["stderr"] + r["stdout"], r["stderr"][-3000:]
     errors = _error_lines(r["stderr"])
@@ -291,7 +696,8 @@ def test_launch_rejects(case, tmp_path, capsys, monkeypatch):
     argv, names = _resolve(case, paths)
     monkeypatch.chdir(tmp_path)
     before = _snapshot(tmp_path)
-    code = main(argv)
+    with _deadline(CASE_TIMEOUT_S):
+        code = main(argv)
     captured = capsys.readouterr()
     assert code == case.code, f"{case.id}: exit {code}\n{captured.err}"
     assert "Traceback" not in captured.err
@@ -335,15 +741,30 @@ def test_launch_quotes_hostile_values(name, opts, passthrough, tmp_path, capsys,
 # ----------------------------------------------------------------------------- the document
 
 
+def _shown(arg: str, limit: int = 100) -> str:
+    """An argument as bash reads it ($'...' for control/non-UTF-8 characters), shortened."""
+    from launch.render import sh
+
+    if len(arg) > limit:
+        return shlex.quote(arg[:limit]) + "...(shortened)"
+    return sh(arg) if not arg.isprintable() or any("\ud800" <= ch <= "\udfff" for ch in arg) else shlex.quote(arg)
+
+
+def _printable(text: str) -> str:
+    from launch.safety import one_line
+
+    return one_line(text, 10_000)
+
+
 def render_table() -> str:
     rows = ["| id | tool | hostile input | command (placeholders are test files) | exit | the one error line names |",
             "|---|---|---|---|---|---|"]
     for c in CASES:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in c.env)
-        cmd = " ".join([*([env] if env else []), c.tool, *(shlex.quote(a) for a in c.argv)])
+        env = " ".join(f"{k}={_shown(v)}" for k, v in c.env)
+        cmd = " ".join([*([env] if env else []), c.tool, *(_shown(a) for a in c.argv)])
         cmd = cmd.replace("|", "\\|")
-        names = c.names.replace("|", "\\|")
-        rows.append(f"| `{c.id}` | {c.tool} | {c.what} | `{cmd}` | {c.code} | `{names}` |")
+        names = _printable(c.names).replace("|", "\\|")
+        rows.append(f"| `{c.id}` | {c.tool} | {_printable(c.what)} | `{cmd}` | {c.code} | `{names}` |")
     return "\n".join([BEGIN, *rows, END])
 
 
@@ -353,7 +774,7 @@ def _doc_table(text: str) -> str:
 
 
 def test_doc_lists_every_case():
-    assert len(CASES) >= 25 and len({c.id for c in CASES}) == len(CASES)
+    assert len(CASES) >= 120 and len({c.id for c in CASES}) == len(CASES)
     assert {c.tool for c in CASES} == {"train", "launch"}
     assert _doc_table(DOC.read_text()) == render_table(), (
         "docs/bad-inputs.md is out of date: run python tests/fault/test_fault_bad_inputs.py --write-doc")
@@ -362,7 +783,9 @@ def test_doc_lists_every_case():
 def write_doc() -> None:
     text = DOC.read_text() if DOC.exists() else f"# Bad inputs\n\n{BEGIN}\n{END}\n"
     old = _doc_table(text)
-    DOC.write_text(text.replace(old, render_table()) if old else text + "\n" + render_table() + "\n")
+    from launch.safety import atomic_write  # whole file or nothing: a failure never truncates the doc
+
+    atomic_write(DOC, text.replace(old, render_table()) if old else text + "\n" + render_table() + "\n", what="doc")
 
 
 if __name__ == "__main__":

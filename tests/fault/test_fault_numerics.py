@@ -78,7 +78,7 @@ def test_unwritable_out_dir_is_a_usage_error(tmp_path):
     try:
         res = train_cli(["run", "--steps", "2", "--out", str(ro / "run"), *SMALL])
         assert res.returncode == 2, res.stderr[-2000:]
-        assert f"--out {ro / 'run'}: {ro} is not writable" in _one_error(res.stderr)
+        assert f"--out '{ro / 'run'}': '{ro}' is not writable" in _one_error(res.stderr)
     finally:
         if mounted:
             subprocess.run(["umount", str(ro)], capture_output=True)

@@ -65,7 +65,7 @@ ERRORS = [
     (["torchrun", "--nnodes", "two"], r"expected N or MIN:MAX"),
     (["torchrun", "--env", "NOEQUALS"], r"--env 'NOEQUALS': expected NAME=VALUE"),
     (["torchrun", "--env", "1BAD=x"], r"not a valid environment variable name"),
-    (["torchrun", "--nproc-per-node", "0"], r"--nproc-per-node must be at least 1"),
+    (["torchrun", "--nproc-per-node", "0"], r"--nproc-per-node': must be at least 1"),
     (["k8s", "--name", "Bad_Name"], r"DNS-1035"),
     (["k8s", "--name", "a" * 64], r"DNS-1035"),
     (["torchrun", "--profile", "rtx-pro-6000", "--fabric", "nvlink"], r"needs NVLink"),

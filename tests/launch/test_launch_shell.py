@@ -147,7 +147,8 @@ def test_hostile_values_torchrun(sandbox, multi_node):
 def test_hostile_values_docker(sandbox):
     workdir, record, canary, env = sandbox
     options, values, env_pairs = _hostile_job(canary, multi_node=True)
-    image = f"registry.example/img:tag; touch {canary}"
+    image = "registry.example:5000/team/img:tag@sha256:" + "ab" * 32  # hostile images are refused
+    assert run_inproc(["docker", "--image", f"img:tag; touch {canary}"])[0] == 2
     script = render(["docker", *options, "--flight-recorder", "--image", image,
                      "--mount", "/data dir/$(x):/data", "--", *values])
     proc = _run(script, workdir, env)
@@ -164,7 +165,8 @@ def test_hostile_values_docker(sandbox):
 def test_hostile_values_slurm(sandbox, pyxis):
     workdir, record, canary, env = sandbox
     options, values, env_pairs = _hostile_job(canary, multi_node=True)
-    image = f"nvcr.io/x:1 $(touch {canary})"
+    image = "nvcr.io#nvidia/pytorch:25.01-py3"  # enroot syntax; hostile images are refused
+    assert run_inproc(["slurm", "--pyxis", "--image", f"nvcr.io/x:1 $(touch {canary})"])[0] == 2
     extra = ["--pyxis", "--image", image] if pyxis else []
     script = render(["slurm", *options, *extra, "--flight-recorder", "--partition", "gpu", "--", *values])
     proc = _run(script, workdir, env)

@@ -57,6 +57,6 @@ def test_user_token_file_and_truncation(tmp_path):
 
 def test_vocab_larger_than_model_is_rejected(tmp_path):
     path = tmp_path / "big.bin"
-    write_token_file(path, np.arange(10_000), vocab_size=1000)
+    write_token_file(path, np.arange(10_000) % 1000, vocab_size=1000)
     with pytest.raises(DataError, match="model.vocab_size"):
         _loader(0, 1, **{"data.source": "file", "data.path": str(path)})

@@ -176,5 +176,5 @@ def test_tiny_preset_trains_on_prepared_text(corpus, tmp_path):
                        "--set", "data.source=file", "--set", f"data.path={tmp_path / 'c.bin'}",
                        "--set", f"model.vocab_size={VOCAB}", "--set", "data.tokenizer=gpt2"])
     lines = [ln for ln in wrong.stderr.splitlines() if ln.startswith("error:")]
-    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr, wrong.stderr[-2000:]
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr[-2000:]  # bad input
     assert len(lines) == 1 and "data.tokenizer=gpt2" in lines[0] and "was prepared with tokenizer" in lines[0]

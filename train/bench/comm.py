@@ -35,15 +35,20 @@ import torch.distributed as dist
 from train.comm.bandwidth import OPS, algbw, bus_factor, busbw
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
+MAX_BYTES = 64 << 30  # per message: beyond any GPU's free memory for a buffer pair
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str) -> int:
     """``"8"``, ``"64K"``, ``"1M"``, ``"4G"``, ``"1GiB"``, ``"512MB"`` -> bytes (binary units, as nccl-tests)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), flags=re.IGNORECASE)
+    m = re.fullmatch(r"\s*([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*([KMGT]?)(?:i?B)?\s*", str(text),
+                     flags=re.IGNORECASE | re.ASCII)
     if not m:
         raise ValueError(f"not a size: {text!r} (examples: 8, 64K, 1M, 4G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size > MAX_BYTES:
+        raise ValueError(f"size {text!r} is more than {MAX_BYTES >> 30} GiB")
+    return size
 
 
 def size_range(lo: int, hi: int, factor: int) -> list[int]:
@@ -262,13 +267,19 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p, p2p_bytes,
              raw, emulate_link, out_dir, name) -> None:
     """Collective bandwidth sweep (nccl-tests style) + P2P matrix. Run under torchrun."""
+    from train.bench.report import check_report
     from train.cli import fail
 
     try:
+        check_report(out_dir, name or "comm")
         op_list = [o.strip() for o in ops.split(",") if o.strip()]
+        if not op_list:
+            raise ValueError("--ops: empty list")
         for o in op_list:
             bus_factor(o, 2)
         dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
+        if not dtype_list:
+            raise ValueError("--dtype: empty list")
         for d in dtype_list:
             if d not in DTYPES:
                 raise ValueError(f"--dtype: unknown {d!r} (known: {', '.join(DTYPES)})")
@@ -278,7 +289,9 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
             raise ValueError("--warmup and --iters must be >= 1, --max-seconds > 0")
     except ValueError as exc:
         fail(str(exc), 2)
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+    from train.preflight import world_size_from_env
+
+    if world_size_from_env() < 2:
         fail("train bench comm needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)", 2)
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"

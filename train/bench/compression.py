@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 
 import click
+
+from launch.safety import excerpt, parse_ascii_int, parse_finite_float
 import torch
 
 def have_matplotlib() -> bool:
@@ -48,15 +50,17 @@ def variant_overrides(spec: str) -> tuple[str, list[str]]:
     if kind in ("none", "fp16", "bf16") and not arg:
         return kind, [f"comm.hook={kind}"]
     if kind == "powersgd":
-        rank = int(arg or 4)
+        rank = parse_ascii_int("--variants powersgd:R", arg or "4", 1, 1 << 16)
         return f"powersgd r={rank}", ["comm.hook=powersgd", f"comm.powersgd_rank={rank}"]
     if kind == "topk":
-        ratio = float(arg or 0.01)
+        ratio = parse_finite_float("--variants topk:RATIO", arg or "0.01")
+        if not 0 < ratio <= 1:
+            raise ValueError(f"--variants {spec!r}: RATIO must be in (0, 1]")
         return f"topk {ratio * 100:g}%", ["comm.hook=topk", f"comm.topk_ratio={ratio}"]
     if kind == "localsgd":
-        period = int(arg or 4)
+        period = parse_ascii_int("--variants localsgd:PERIOD", arg or "4", 1, 1 << 16)
         return f"localsgd {period}", ["comm.hook=localsgd", f"comm.localsgd_period={period}"]
-    raise ValueError(f"--variants: unknown {spec!r} (none, fp16, bf16, powersgd:R, topk:RATIO, localsgd:PERIOD)")
+    raise ValueError(f"--variants: unknown {excerpt(spec)} (none, fp16, bf16, powersgd:R, topk:RATIO, localsgd:PERIOD)")
 
 
 def timing_window(steps: int, start_iter: int, period: int) -> tuple[int, int]:
@@ -132,7 +136,15 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     from train.cli import fail
     from train.config import CONFIG_DIR, ConfigError, load_config
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    from train.bench.report import check_report
+
+    check_report(out_dir, name or "compression")
+    try:
+        for spec in [v for v in variants.split(",") if v.strip()]:
+            variant_overrides(spec)  # a bad variant is named before anything else
+    except ValueError as exc:
+        fail(str(exc), 2)
+    world = preflight.world_size_from_env()
     if world < 2:
         fail("train bench compression needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)", 2)
     if config_path is None and (CONFIG_DIR / f"{preset}.yaml").is_file():

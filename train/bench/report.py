@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
+
+from launch.safety import atomic_write, check_output_target, excerpt
 
 
 def _fmt(v: Any) -> str:
@@ -24,10 +28,23 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
     return "\n".join([head, sep, *body])
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII)
+
+
+def check_report(out_dir, name: str) -> Path:
+    """Before any work: ``--name`` is a plain file name (no path, no '..', no option) and
+    ``--out`` can hold NAME.json/.md/.png (regular files only: never a FIFO or symlink)."""
+    from train.config import ConfigError
+    from train.preflight import check_out_dir
+
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"--name {excerpt(name)}: a report name is letters, digits, '.', '_' and '-' "
+                          "(no path), at most 100 characters")
+    out = check_out_dir(out_dir)
+    for suffix in (".json", ".md", ".png"):
+        if (out / f"{name}{suffix}").exists() or (out / f"{name}{suffix}").is_symlink():
+            check_output_target(out / f"{name}{suffix}", "--out/--name")
+    return out
 
 
 def write_report(out_dir: Path, name: str, rows: list[dict], columns: Sequence[str],
@@ -35,11 +52,12 @@ def write_report(out_dir: Path, name: str, rows: list[dict], columns: Sequence[s
     """Write JSON + Markdown (+ PNG when ``chart(ax, rows)`` is given); return the table.
 
     ``meta`` records how the numbers were made (command, GPU, versions)."""
+    out_dir = check_report(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows, columns)
-    _atomic_write(out_dir / f"{name}.json", json.dumps({"meta": meta or {}, "rows": rows}, indent=1).encode())
+    atomic_write(out_dir / f"{name}.json", json.dumps({"meta": meta or {}, "rows": rows}, indent=1), what="--out")
     header = "".join(f"- {k}: {v}\n" for k, v in (meta or {}).items())
-    _atomic_write(out_dir / f"{name}.md", (header + "\n" + table + "\n").encode())
+    atomic_write(out_dir / f"{name}.md", header + "\n" + table + "\n", what="--out")
     if chart is not None:
         import matplotlib
 
@@ -50,10 +68,10 @@ def write_report(out_dir: Path, name: str, rows: list[dict], columns: Sequence[s
         chart(ax, rows)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        tmp = out_dir / f".{name}.png.tmp.png"
-        fig.savefig(tmp, dpi=110)
+        png = io.BytesIO()
+        fig.savefig(png, dpi=110, format="png")
         plt.close(fig)
-        os.replace(tmp, out_dir / f"{name}.png")
+        atomic_write(out_dir / f"{name}.png", png.getvalue(), what="--out")
     return table
 
 

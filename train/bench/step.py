@@ -48,6 +48,9 @@ import click
 import torch
 import torch.distributed as dist
 
+from launch.safety import excerpt, load_yaml_file, parse_ascii_int
+from train.config import ConfigError
+
 STRATEGIES = {
     "ddp": ["parallel.strategy=ddp"],
     "fsdp": ["parallel.strategy=fsdp", "parallel.dp_replicate=1", "parallel.dp_shard=-1", "parallel.tp=1"],
@@ -81,23 +84,58 @@ def compile_flag(value: str) -> bool:
         return True
     if v in ("off", "false", "0", "no"):
         return False
-    raise click.BadParameter(f"--compile: expected on/off, got {value!r}")
+    raise ConfigError(f"--compile: expected on/off, got {excerpt(value)}")
+
+
+FP8_CHOICES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "te:current", "te:delayed", "te:mxfp8")
+AC_CHOICES = ("none", "full", "selective", "op")
+MAX_POINTS = 1000
+
+
+def _choice(key: str, value: str, valid) -> str:
+    if value not in valid:
+        raise ConfigError(f"--{key}: unknown {excerpt(value)} (valid: {', '.join(valid)})")
+    return value
 
 
 def expand(grid: dict) -> list[dict]:
-    """The cartesian product of one grid's comma lists, as point dicts."""
-    for key in ("strategy",):
-        for v in split_list(grid[key]):
-            if v not in STRATEGIES:
-                raise click.BadParameter(f"--strategy: unknown {v!r} (valid: {', '.join(STRATEGIES)})")
+    """The cartesian product of one grid's comma lists, as point dicts; every value is
+    checked here (before any process group), every point's job config validated."""
+    from train.config import load_config
+    from train.models.presets import MODEL_PRESETS
+
     lists = [split_list(grid[k]) for k in GRID_KEYS]
+    for key, values in zip(GRID_KEYS, lists):
+        if not values:
+            raise ConfigError(f"--{key}: empty list")
+    for v in lists[GRID_KEYS.index("preset")]:
+        _choice("preset", v, list(MODEL_PRESETS))
+    for v in lists[GRID_KEYS.index("strategy")]:
+        _choice("strategy", v, list(STRATEGIES))
+    for v in lists[GRID_KEYS.index("fp8")]:
+        _choice("fp8", v, FP8_CHOICES)
+    for v in lists[GRID_KEYS.index("ac")]:
+        _choice("ac", v, AC_CHOICES)
+    total = 1
+    for values in lists:
+        total *= len(values)
+    if total > MAX_POINTS:
+        raise ConfigError(f"bench grid: {total} points, more than {MAX_POINTS}")
+    if not isinstance(grid.get("data"), str) or grid["data"] not in ("synthetic", "embedded"):
+        raise ConfigError(f"--data: {excerpt(grid.get('data'))}: synthetic or embedded")
     points = []
     for combo in itertools.product(*lists):
         point = dict(zip(GRID_KEYS, combo))
         point["compile"] = compile_flag(point["compile"])
-        point["batch"], point["seq"] = int(point["batch"]), int(point["seq"])
-        point.update(steps=int(grid["steps"]), warmup=int(grid["warmup"]), data=grid["data"],
-                     set=list(grid.get("set") or []))
+        point["batch"] = parse_ascii_int("--batch", point["batch"], 1, 1 << 20)
+        point["seq"] = parse_ascii_int("--seq", point["seq"], 1, 1 << 24)
+        sets = grid.get("set") or []
+        if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
+            raise ConfigError(f"--plan: set must be a list of KEY=VALUE strings, got {excerpt(sets)}")
+        point.update(steps=parse_ascii_int("--steps", grid["steps"], 1, 1 << 20),
+                     warmup=parse_ascii_int("--warmup", grid["warmup"], 0, 1 << 20), data=grid["data"],
+                     set=list(sets))
+        load_config(None, job_overrides(point))  # a bad point is a usage error now, not a failed row later
         points.append(point)
     return points
 
@@ -267,19 +305,15 @@ def _chart(ax, rows) -> None:
 
 
 def load_plan(path: Path, defaults: dict) -> list[dict]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise click.BadParameter(f"--plan {path}: cannot read ({exc.__class__.__name__})") from None
-    if not isinstance(data, list) or not all(isinstance(g, dict) for g in data):
-        raise click.BadParameter(f"--plan {path}: expected a YAML list of mappings")
+    data = load_yaml_file(Path(path), "--plan")  # bounded: size, depth, aliases
+    if not isinstance(data, list) or not data or not all(isinstance(g, dict) for g in data):
+        raise ConfigError(f"--plan {excerpt(str(path))}: expected a YAML list of mappings")
     grids = []
     for i, g in enumerate(data):
-        unknown = set(g) - set(defaults)
+        unknown = set(map(str, g)) - set(defaults)
         if unknown:
-            raise click.BadParameter(f"--plan {path}: grid {i}: unknown keys {', '.join(sorted(unknown))}")
+            raise ConfigError(f"--plan {excerpt(str(path))}: grid {i}: unknown keys "
+                              f"{excerpt(', '.join(sorted(unknown)))}")
         grid = {**defaults, **g}
         grid["set"] = list(defaults["set"]) + list(g.get("set") or [])  # command-line --set applies too
         grids.append(grid)
@@ -308,10 +342,11 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
              timeout_s, out_dir, name) -> None:
     """Step throughput, MFU and memory over a grid of strategy x FP8 x AC x compile x model x batch."""
     from train import dist as tdist
-    from train.bench.report import environment_meta, write_report
+    from train.bench.report import check_report, environment_meta, write_report
 
+    out_dir = check_report(out_dir, name)
     if steps < 1 or warmup < 0:
-        raise click.BadParameter("--steps must be >= 1 and --warmup >= 0")
+        raise ConfigError("--steps must be >= 1 and --warmup >= 0")
     defaults = dict(preset=preset, strategy=strategy, fp8=fp8, ac=ac, compile=compile_, batch=batch, seq=seq,
                     steps=steps, warmup=warmup, data=data, set=list(overrides))
     grids = load_plan(plan, defaults) if plan else [defaults]

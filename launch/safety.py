@@ -1,0 +1,374 @@
+"""Input and output safety shared by ``launch`` and ``train``.
+
+Lives in ``launch`` (which never imports torch) so that both command lines use the
+same code without an upward import: ``train`` imports it, never the other way round.
+
+* :class:`InputError` - the base of every "bad input" error (``launch``'s ``SpecError``,
+  ``train``'s ``ConfigError``): the CLIs print it as one line and exit 2.
+* :func:`one_line` / :func:`excerpt` - bounded, single-line, printable renderings of
+  user text for error messages (control characters, non-UTF-8 bytes, huge values).
+* :func:`load_yaml_file` / :func:`load_yaml_text` - YAML with bounded size, nesting depth
+  and alias expansion (no "billion laughs", no RecursionError), safe tags only.
+* :func:`check_output_target` / :func:`atomic_write` - the one writer of result files:
+  temp file + fsync + rename, and never onto a FIFO, device, socket, directory or
+  symlink (a rename would replace the special file by a regular one).
+* :class:`StrictInt` / :class:`StrictFloat` - click parameter types that accept ASCII
+  digits only (Python's ``int()`` takes ``'²'``-like Unicode digits), finite numbers and
+  bounded ranges.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MAX_YAML_BYTES = 1 << 20  # 1 MiB: configs and profiles are a few KiB
+MAX_YAML_DEPTH = 32  # nesting of mappings/sequences
+MAX_YAML_NODES = 20_000  # nodes after alias expansion
+EXCERPT_CHARS = 80
+MESSAGE_CHARS = 600
+
+
+class InputError(ValueError):
+    """A user input problem: one line on stderr, exit status 2."""
+
+
+class YamlSyntaxError(InputError):
+    """Text that is not YAML (as opposed to YAML over the size/depth/alias bounds)."""
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _printable(text: str) -> str:
+    out = []
+    for ch in text:
+        if "\ud800" <= ch <= "\udfff":  # a non-UTF-8 byte (surrogateescape)
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}" if ord(ch) >= 0xDC80 else "\\ufffd")
+        elif ch.isprintable() or ch == " ":
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
+def one_line(message: object, limit: int = MESSAGE_CHARS) -> str:
+    """``message`` as one printable line of at most ``limit`` characters."""
+    text = " ".join(_printable(str(message)).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
+    """A quoted, bounded, printable rendering of a user value for messages."""
+    text = value if isinstance(value, str) else repr(value)
+    text = _printable(text).replace("'", "\\'")
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"'{text}'"
+
+
+# --------------------------------------------------------------------------- numbers
+
+_ASCII_INT = re.compile(r"[+-]?[0-9]{1,30}")
+_ASCII_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_ascii_int(what: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InputError(f"{what}: expected an integer, got {excerpt(value)}")
+    if isinstance(value, str):
+        if not _ASCII_INT.fullmatch(value.strip()):
+            raise InputError(f"{what}: {excerpt(value)} is not an integer (ASCII digits only)")
+        value = int(value.strip())
+    if minimum is not None and value < minimum:
+        raise InputError(f"{what}: must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{what}: must be at most {maximum}, got {value}")
+    return value
+
+
+def parse_finite_float(what: str, value: object) -> float:
+    if isinstance(value, bool):
+        raise InputError(f"{what}: expected a number, got {excerpt(value)}")
+    if isinstance(value, str):
+        if not _ASCII_FLOAT.fullmatch(value.strip()):
+            raise InputError(f"{what}: {excerpt(value)} is not a number (ASCII digits only)")
+        value = float(value)
+    if not isinstance(value, (int, float)):
+        raise InputError(f"{what}: expected a number, got {excerpt(value)}")
+    if isinstance(value, int) and abs(value) > 2**63:
+        raise InputError(f"{what}: {value} is out of range")
+    value = float(value)
+    if not math.isfinite(value):
+        raise InputError(f"{what}: must be a finite number, got {value}")
+    return value
+
+
+@functools.lru_cache(maxsize=1)
+def _click_types():
+    import click
+
+    class StrictInt(click.ParamType):
+        """ASCII digits, optional bounds; a bad value is a usage error (exit 2)."""
+
+        name = "integer"
+
+        def __init__(self, minimum: int | None = None, maximum: int | None = None):
+            self.minimum, self.maximum = minimum, maximum
+
+        def convert(self, value, param, ctx):
+            try:
+                return parse_ascii_int(f"'{param.opts[0]}'" if param else "value", value, self.minimum, self.maximum)
+            except InputError as exc:
+                self.fail(str(exc).split(": ", 1)[-1], param, ctx)
+
+    class StrictFloat(click.ParamType):
+        name = "number"
+
+        def __init__(self, minimum: float | None = None):
+            self.minimum = minimum
+
+        def convert(self, value, param, ctx):
+            try:
+                number = parse_finite_float("value", value)
+            except InputError as exc:
+                self.fail(str(exc).split(": ", 1)[-1], param, ctx)
+            if self.minimum is not None and number < self.minimum:
+                self.fail(f"must be at least {self.minimum:g}, got {number:g}", param, ctx)
+            return number
+
+    return StrictInt, StrictFloat
+
+
+def harden_click(command) -> None:
+    """Give every integer/float parameter of ``command`` (and its subcommands) the strict
+    types: a new ``type=int`` option is ASCII-only, bounded and finite by construction."""
+    import click
+
+    strict_int, strict_float = _click_types()
+    commands = [command]
+    while commands:
+        cmd = commands.pop()
+        commands.extend(getattr(cmd, "commands", {}).values())
+        for param in cmd.params:
+            t = param.type
+            if isinstance(t, click.IntRange):
+                lo = None if t.min is None else t.min + (1 if t.min_open else 0)
+                hi = None if t.max is None else t.max - (1 if t.max_open else 0)
+                param.type = strict_int(lo, hi)
+            elif isinstance(t, click.types.IntParamType):
+                param.type = strict_int(-(2**63), 2**63 - 1)
+            elif isinstance(t, click.FloatRange):
+                param.type = strict_float(t.min)
+            elif isinstance(t, click.types.FloatParamType):
+                param.type = strict_float()
+
+
+def __getattr__(name: str):  # click types built lazily: this module is imported without click too
+    if name in ("StrictInt", "StrictFloat"):
+        strict_int, strict_float = _click_types()
+        globals().update(StrictInt=strict_int, StrictFloat=strict_float)
+        return globals()[name]
+    raise AttributeError(name)
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+def read_bounded(path: Path, what: str, limit: int = MAX_YAML_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (FIFOs/devices refused: no hang)."""
+    what = f"{what} " if what else ""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InputError(f"{what}{excerpt(str(path))}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{what}{excerpt(str(path))}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what}{excerpt(str(path))}: not a regular file")
+    if st.st_size > limit:
+        raise InputError(f"{what}{excerpt(str(path))}: {st.st_size} bytes, more than the {limit} allowed")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"{what}{excerpt(str(path))}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    if len(data) > limit:
+        raise InputError(f"{what}{excerpt(str(path))}: more than {limit} bytes")
+    return data
+
+
+def load_yaml_file(path: Path, what: str) -> Any:
+    data = read_bounded(path, what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{what} {excerpt(str(path))}: cannot read (UnicodeDecodeError: not UTF-8)".strip()) from None
+    return load_yaml_text(text, f"{what} {excerpt(str(path))}".strip())
+
+
+def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
+    """``yaml.safe_load`` with bounded size, depth and alias expansion.
+
+    Depth is checked on the event stream (iterative) before anything is composed, so a
+    10 000-deep nesting is refused without recursion; alias expansion is counted on the
+    composed node graph before construction, so a billion-laughs document is refused
+    after a few thousand steps instead of being expanded."""
+    import yaml
+
+    if len(text) > limit:
+        raise InputError(f"{what}: {len(text)} characters, more than the {limit} allowed")
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # the reader refuses non-printable characters here
+        depth = 0
+        while loader.check_event():
+            event = loader.peek_event()
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise InputError(f"{what}: nested deeper than {MAX_YAML_DEPTH} levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+            loader.get_event()
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError(f"{what}: malformed YAML{_yaml_where(exc)}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, what)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError(f"{what}: malformed YAML{_yaml_where(exc)}") from None
+    except RecursionError:  # cannot happen within MAX_YAML_DEPTH, kept as a last guard
+        raise InputError(f"{what}: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_where(exc) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    where = f" line {mark.line + 1}" if mark else ""
+    return where + (f" ({one_line(problem, EXCERPT_CHARS)})" if problem else "")
+
+
+def _check_expansion(root, what: str) -> None:
+    import yaml
+
+    seen, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_NODES:
+            raise InputError(f"{what}: more than {MAX_YAML_NODES} values after expanding aliases (alias bomb?)")
+        if depth > MAX_YAML_DEPTH:
+            raise InputError(f"{what}: nested deeper than {MAX_YAML_DEPTH} levels (through aliases)")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            if len(keys) != len(set(keys)):
+                dup = next(k for k in keys if keys.count(k) > 1)
+                raise InputError(f"{what}: duplicate key {excerpt(dup)} (line {node.start_mark.line + 1})")
+            for key, value in node.value:
+                stack.append((key, depth + 1))
+                stack.append((value, depth + 1))
+
+
+# --------------------------------------------------------------------------- output files
+
+# Paths a job must never mount, write checkpoints or a run directory to: the root, system
+# directories and the pseudo/memory file systems (/dev/shm is the shared-memory mount).
+RESERVED_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc",
+                  "/run", "/sbin", "/sys", "/usr", "/var", "/tmp", "/root", "/home")
+RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                  "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
+
+
+def reserved_path(path: str) -> bool:
+    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys..."""
+    import posixpath
+
+    norm = posixpath.normpath(path)
+    norm = "/" if norm == "//" else norm
+    return norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES)
+
+
+
+def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
+    """Refuse a target that an atomic rename would destroy or that cannot be written.
+
+    Allowed: a missing file in an existing directory, or an existing regular file.
+    Refused: directories, symlinks (the rename would replace the link, not its target),
+    FIFOs, character/block devices and sockets (``-o /dev/null`` as root would replace
+    /dev/null with a regular file)."""
+    text = os.fspath(path)
+    if text == "":
+        raise InputError(f"{what}: empty file name")
+    p = Path(text)
+    shown = excerpt(text)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise InputError(f"{what} {shown}: cannot use ({exc.strerror})") from None
+    if st is not None:
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{what} {shown}: is a directory; give a file name")
+        if stat.S_ISLNK(mode):
+            raise InputError(f"{what} {shown}: is a symbolic link; give the real file name")
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+                    else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a regular file")
+            raise InputError(f"{what} {shown}: is {kind}; only regular files are written")
+    parent = p.parent
+    if not parent.is_dir():
+        raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} is not writable")
+    return p
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes, executable: bool = False, what: str = "-o") -> None:
+    """Write ``data`` to ``path`` whole or not at all (temp file in the same directory,
+    fsync, rename); the target is checked first and again just before the rename."""
+    p = check_output_target(path, what)
+    payload = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    mode = (0o777 if executable else 0o666) & ~_umask()
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:100]}.", suffix=".tmp", dir=str(p.parent))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        check_output_target(p, what)  # narrow the window: a FIFO/symlink placed meanwhile is refused
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
