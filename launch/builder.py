@@ -48,6 +48,9 @@ def build(o: dict) -> Built:
     warnings: list[str] = []
     profile = catalog.load_profile(o["profile"])
     nodes = parse_nnodes(o["nnodes"])
+    for option in ("fabric", "rdzv_id"):
+        if o.get(option) is not None and not str(o[option]).strip():
+            raise SpecError(f"--{option.replace('_', '-')} is empty")
     fabric_name = o["fabric"] or (
         profile.default_fabric_multi if nodes.multi_node else profile.default_fabric_single
     )
@@ -100,7 +103,21 @@ def build(o: dict) -> Built:
         grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
         allow_undocumented_nccl=allow_nccl,
     )
+    _check_mount_targets(spec)
     return Built(spec, warnings)
+
+
+def _check_mount_targets(spec: JobSpec) -> None:
+    """Every mount point once: docker and enroot refuse a second mount on the same path."""
+    import posixpath
+
+    seen = {posixpath.normpath(spec.checkpoint_dir): "--checkpoint-dir"}
+    for mount in spec.mounts:
+        target = posixpath.normpath(mount.target)
+        if target in seen:
+            raise SpecError(f"--mount {mount.source}:{mount.target}: {mount.target!r} is already mounted "
+                            f"({seen[target]})")
+        seen[target] = "--mount"
 
 
 def _gid_index(value: str | None) -> str | None:

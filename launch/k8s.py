@@ -78,8 +78,8 @@ def _key_value(option: str, item: str, value_pattern: re.Pattern | None) -> tupl
         raise SpecError(f"{option} {item!r}: {key!r} is not a valid Kubernetes key")
     if value_pattern is not None and (len(value) > 63 or not value_pattern.fullmatch(value)):
         raise SpecError(f"{option} {item!r}: {value!r} is not a valid label value")
-    if "\x00" in value:
-        raise SpecError(f"{option} {item!r}: contains NUL")
+    if "\x00" in value or any("\ud800" <= ch <= "\udfff" for ch in item):
+        raise SpecError(f"{option} {item!r}: contains NUL or a non-UTF-8 byte")
     return key, value
 
 
@@ -121,7 +121,7 @@ def parse_options(
     namespace, pvc, shm_size, rdma_resource, queue, gang, pull_secrets, node_selector,
     pod_annotations, backoff_limit, ttl_seconds, secret_env, allow_undocumented_nccl: bool = False,
 ) -> K8sOptions:
-    if namespace is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace):
+    if namespace is not None and (len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace)):
         raise SpecError(f"--namespace {namespace!r}: not a valid namespace name")
     if queue is not None and (len(queue) > 63 or not _LABEL_VALUE.fullmatch(queue) or not queue):
         raise SpecError(f"--queue {queue!r}: not a valid label value")

@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from launch.commandline import Shell
+from launch.safety import excerpt
 from launch.spec import SpecError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -90,7 +91,8 @@ def yaml_quote(text: object) -> Quoted:
     for ch in str(text):
         code = ord(ch)
         if 0xD800 <= code <= 0xDFFF:
-            raise SpecError(f"{ascii(str(text))[:80]}: not valid UTF-8; a manifest holds text only")
+            raise SpecError(f"a value with a non-UTF-8 byte ({excerpt(str(text))}) cannot go into a Kubernetes "
+                            "manifest (it holds text only)")
         if ch in '"\\':
             out.append("\\" + ch)
         elif 0x20 <= code < 0x7F:

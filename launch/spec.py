@@ -216,6 +216,8 @@ def parse_entrypoint(value: str) -> tuple[str, ...]:
         raise SpecError(f"--entrypoint {value!r}: {exc}") from None
     if not tokens:
         raise SpecError("--entrypoint is empty")
+    if tokens[0].startswith("-"):  # would be read as a torchrun option
+        raise SpecError(f"--entrypoint {value!r}: must start with a program, not an option")
     return tokens
 
 
@@ -320,6 +322,8 @@ def parse_quantity(option: str, value: str | None) -> str | None:
         return None
     if not _QUANTITY.fullmatch(value):
         raise SpecError(f"{option} {value!r}: expected a Kubernetes quantity such as 64, 500m, 512Gi")
+    if not re.search(r"[1-9]", value.rstrip("mkMGTPEi")):
+        raise SpecError(f"{option} {value!r}: must be more than zero")
     return value
 
 

@@ -10,6 +10,7 @@ dotted key, before any process group or tensor exists.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -53,6 +54,10 @@ class DataConfig:
             raise ConfigError("data.path: required when data.source=file")
         if self.embedded_mb <= 0:
             raise ConfigError(f"data.embedded_mb: must be > 0, got {self.embedded_mb}")
+        from launch.safety import reserved_path
+
+        if self.cache_dir and reserved_path(os.path.abspath(self.cache_dir)):
+            raise ConfigError(f"data.cache_dir: {excerpt(self.cache_dir)} is a system directory")
 
 
 @dataclass
@@ -312,9 +317,14 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def resolve_config_path(path: str | Path) -> Path:
     """A file path, or the name of a preset under train/configs (``tiny``, ``debug``...)."""
+    if not str(path).strip():
+        raise ConfigError("--config: empty name (a YAML file or a preset name)")
     p = Path(path)
-    if p.is_file():
-        return p
+    try:
+        if p.is_file():
+            return p
+    except OSError as exc:  # a name too long for the file system...
+        raise ConfigError(f"--config {excerpt(str(path))}: {exc.strerror}") from None
     preset = CONFIG_DIR / f"{path}.yaml"
     if preset.is_file():
         return preset
@@ -349,6 +359,6 @@ def build_config(data: dict[str, Any]) -> JobConfig:
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> JobConfig:
-    data: dict[str, Any] = load_yaml(resolve_config_path(path)) if path else {}
+    data: dict[str, Any] = load_yaml(resolve_config_path(path)) if path is not None else {}
     data = _merge(data, parse_overrides(overrides))
     return build_config(data)

@@ -80,8 +80,12 @@ TRAIN_ARGS = ["--", "--config", "tiny", "--set", "x=1"]
 
 def _capture(monkeypatch, argv: list[str]) -> tuple[str, dict]:
     """(template, context) the backend renders for ``argv``."""
-    import launch.k8s
-    import launch.scripts
+    import importlib
+    import pkgutil
+    import sys
+
+    import launch
+    import launch.render
 
     seen = []
 
@@ -89,8 +93,13 @@ def _capture(monkeypatch, argv: list[str]) -> tuple[str, dict]:
         seen.append((template, context))
         return ""
 
-    monkeypatch.setattr(launch.scripts, "render", fake_render)
-    monkeypatch.setattr(launch.k8s, "render", fake_render)
+    for info in pkgutil.iter_modules(launch.__path__):  # every backend module that renders
+        if info.name not in ("__main__",):
+            importlib.import_module(f"launch.{info.name}")
+    original = launch.render.render
+    for name, module in list(sys.modules.items()):
+        if name.startswith("launch.") and getattr(module, "render", None) is original:
+            monkeypatch.setattr(module, "render", fake_render)
     rc, _, err = run_inproc([*argv, *TRAIN_ARGS])
     monkeypatch.undo()
     assert rc == 0 and len(seen) == 1, err
@@ -296,7 +305,7 @@ def test_every_yaml_variable_hostile(monkeypatch, tmp_path, job_id, argv):
 
 def test_yaml_refuses_non_utf8(monkeypatch):
     rc, _, err = run_inproc(["k8s", "--", "--set", "x=\udcff"])
-    assert rc == 2 and "UTF-8" in err and "Traceback" not in err
+    assert rc == 2 and "non-UTF-8" in err and "Traceback" not in err
 
 
 def test_unfiltered_variables_are_quoted_by_default():
@@ -366,3 +375,12 @@ def test_single_ib_hca_is_shellcheck_clean(tmp_path):
     out = run_inproc(["env", "--profile", "h100", "--nnodes", "2", "--fabric", "roce", "--ib-hca", "=mlx5_0"])[1]
     assert "export NCCL_IB_HCA='=mlx5_0'" in out
     _shellcheck(out, tmp_path)
+
+
+def test_every_template_is_covered(monkeypatch):
+    """A new top-level template needs a JOBS entry above (its hostile-context test)."""
+    from launch.render import TEMPLATE_DIR
+
+    templates = {p.name for p in TEMPLATE_DIR.glob("*.j2") if not p.name.startswith("_")}
+    covered = {_capture(monkeypatch, argv)[0] for _, argv in JOBS}
+    assert templates <= covered, f"add a JOBS entry rendering {sorted(templates - covered)}"
