@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 # already installed: it is detected below and never reinstalled.
 TORCH_SPEC ?= torch==2.13.0
 SYSTEM_HAS_TORCH := $(shell $(PYTHON) -c 'import torch' >/dev/null 2>&1 && echo yes)
-EXTRAS ?= train,dev
+EXTRAS ?= train,dev,data
 # Processes for the demo: one per GPU when there are at least 2, else 2 CPU processes.
 NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 NPROC ?= $(if $(filter-out 0 1,$(NGPUS)),$(NGPUS),2)

@@ -33,3 +33,10 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     cache.mkdir(exist_ok=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+@pytest.fixture(params=["sync", "async"])
+def checkpoint_mode(request) -> list[str]:
+    """``train run`` arguments for synchronous DCP saves or ``checkpoint.async_save``: crash and
+    resume tests take this fixture so both modes pass the same assertions."""
+    return ["--set", f"checkpoint.async_save={str(request.param == 'async').lower()}"]

@@ -31,23 +31,37 @@ components must follow that rule.
 
 from __future__ import annotations
 
+import datetime
+import inspect
+import io
 import json
 import os
 import random
 import re
 import shutil
 import sys
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
+
+try:  # torch >= 2.9: reusable (pinned) staging buffers for async_save
+    from torch.distributed.checkpoint.staging import DefaultStager as _DefaultStager
+    from torch.distributed.checkpoint.staging import StagingOptions as _StagingOptions
+except ImportError:  # older torch: async_save stages into fresh host memory each time
+    _DefaultStager = _StagingOptions = None
+_ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 
 from train import dist as tdist
 
@@ -57,6 +71,30 @@ TMP_PREFIX = ".tmp-"
 
 class CheckpointError(RuntimeError):
     pass
+
+
+@dataclass
+class _Pending:
+    """An async save whose background write has not been committed yet."""
+
+    step: int
+    tmp: Path
+    final: Path
+    previous: Path | None
+    future: Future
+    started: float
+
+
+def _kept(previous: Path | None) -> str:
+    return f"{previous} is still the latest complete checkpoint" if previous else "no earlier checkpoint exists"
+
+
+def _unreadable_metadata(ckpt: Path) -> str | None:
+    try:
+        dcp.FileSystemReader(str(ckpt)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any reason means unreadable
+        return f".metadata is unreadable ({type(exc).__name__})"
+    return None
 
 
 def _warn(msg: str) -> None:
@@ -136,12 +174,24 @@ def verify(ckpt: Path) -> str | None:
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, info: tdist.DistInfo, keep: int):
+    def __init__(self, root: Path, info: tdist.DistInfo, keep: int, async_save: bool = False,
+                 timeout_s: float = 600):
         self.root = root
         self.info = info
         self.rank = info.rank
         self.world_size = info.world_size
         self.keep = keep
+        self.async_save = async_save
+        self.info_timeout_s = timeout_s
+        self.last_stall_s = 0.0  # how long the last save() blocked the caller
+        self.last_write_s = 0.0  # async: staging to commit of the last background write
+        self._pending: _Pending | None = None
+        self._stager = None
+        self._async_group = None
+        if async_save and info.backend is not None:
+            # DCP's background thread runs its own collectives (plan gather, metadata): on
+            # a gloo group of their own they never interleave with the training loop's.
+            self._async_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
     # ------------------------------------------------------------------ listing
     def _step_dirs(self) -> list[Path]:
@@ -196,27 +246,22 @@ class CheckpointManager:
         return found[0] if found else None
 
     # ------------------------------------------------------------------ saving
-    def save(self, step: int, model, optimizer, extra: dict[str, Any]) -> Path:
+    def save(self, step: int, model, optimizer, extra: dict[str, Any], wait: bool = True) -> Path:
         """Write checkpoint ``step``; on any rank's failure raise :class:`CheckpointError`
-        on every rank, having removed the partial directory."""
+        on every rank, having removed the partial directory. A save still in flight is
+        finished (committed) first: at most one is ever in flight.
+
+        With ``async_save`` the state is staged to host memory (pinned on CUDA) and DCP
+        writes it from a background thread; ``wait=False`` returns right after staging
+        and :meth:`finish` commits it later (the trainer polls :meth:`ready`). The commit
+        is the same as a synchronous save's, so ``latest`` only moves after the write
+        completed on every rank and the directory verified."""
+        if self._pending is not None:
+            self.finish()
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f"{TMP_PREFIX}{final.name}"
         previous = self.latest_local()
-
-        def attempt(fn) -> None:
-            err = None
-            try:
-                fn()
-            except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
-                if _timed_out(exc, self.info):
-                    raise
-                err = describe_failure(exc, self.rank, self.root)
-            failed = tdist.first_error(self.info, err)
-            if failed is not None:
-                if self.rank == 0:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                kept = f"{previous} is still the latest complete checkpoint" if previous else "no earlier checkpoint exists"
-                raise CheckpointError(f"checkpoint save at step {step} failed on {failed}; {kept}")
+        t0 = time.perf_counter()
 
         def prepare() -> None:
             if self.rank == 0:
@@ -225,21 +270,81 @@ class CheckpointManager:
                     shutil.rmtree(tmp)
                 tmp.mkdir()
 
-        def write_shards() -> None:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            with tdist.collective("checkpoint save (DCP gather/scatter)"):
-                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        def write_extra() -> None:
+            buf = io.BytesIO()  # serialised in memory: a full disk is then a plain OSError (ENOSPC)
+            torch.save(extra, buf)
             with open(tmp / f"extra_rank{self.rank}.pt", "wb") as fh:
-                torch.save(extra, fh)
+                fh.write(buf.getbuffer())
                 fh.flush()
                 os.fsync(fh.fileno())
 
+        def write_shards() -> None:
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            if self.async_save:
+                stager = self._get_stager()
+                kwargs = {"async_stager": stager} if stager is not None else {}
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group, **kwargs)
+                self._pending = _Pending(step, tmp, final, previous, future, time.perf_counter())
+            else:
+                with tdist.collective("checkpoint save (DCP gather/scatter)"):
+                    dcp.save(state, checkpoint_id=str(tmp))
+            write_extra()
+
+        with tdist.collective("checkpoint save (barrier)"):
+            self._attempt(prepare, step, tmp, previous)
+            self._attempt(write_shards, step, tmp, previous)
+        self.last_stall_s = time.perf_counter() - t0
+        if self._pending is None:
+            self._commit(step, tmp, final, previous)
+        elif wait:
+            self.finish()
+            self.last_stall_s = time.perf_counter() - t0
+        return final
+
+    def ready(self) -> bool:
+        """This rank's background write has finished (successfully or not); no collective."""
+        return self._pending is not None and self._pending.future.done()
+
+    @property
+    def in_flight(self) -> int | None:
+        """Step of the save in flight, if any."""
+        return self._pending.step if self._pending is not None else None
+
+    def finish(self) -> Path | None:
+        """Wait for the save in flight (if any) on every rank, verify and commit it.
+        Collective: every rank calls it at the same point."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        err = None
+        with tdist.collective("checkpoint save (waiting for the background write)"):
+            try:
+                pending.future.result()
+            except (Exception, dcp.CheckpointException) as exc:  # noqa: BLE001 - decided together below
+                if _timed_out(exc, self.info):
+                    raise
+                err = describe_failure(exc, self.rank, self.root)
+            failed = tdist.first_error(self.info, err)
+        if failed is not None:
+            if self.rank == 0:
+                shutil.rmtree(pending.tmp, ignore_errors=True)
+            raise CheckpointError(f"checkpoint save at step {pending.step} failed on {failed}; "
+                                  + _kept(pending.previous))
+        self.last_write_s = time.perf_counter() - pending.started
+        self._commit(pending.step, pending.tmp, pending.final, pending.previous)
+        return pending.final
+
+    def _commit(self, step: int, tmp: Path, final: Path, previous: Path | None) -> None:
         def commit() -> None:
             if self.rank != 0:
                 return
             files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
             manifest = {"step": step, "world_size": self.world_size, "files": files}
             _fsync_write(tmp / "manifest.json", json.dumps(manifest, indent=1))
+            reason = verify(tmp) or _unreadable_metadata(tmp)
+            if reason:
+                raise CheckpointError(f"{tmp} does not verify after writing: {reason}")
             _fsync_dir(tmp)
             if final.exists():  # same step saved again (e.g. resumed run): replace it
                 shutil.rmtree(final)
@@ -248,12 +353,58 @@ class CheckpointManager:
             _fsync_write(self.root / "latest", final.name + "\n")
 
         with tdist.collective("checkpoint save (barrier)"):
-            attempt(prepare)
-            attempt(write_shards)
-            attempt(commit)
+            self._attempt(commit, step, tmp, previous)
         if self.rank == 0:
             self._retain()
-        return final
+
+    def _attempt(self, fn, step: int, tmp: Path, previous: Path | None) -> None:
+        """Run ``fn`` on every rank; if it failed anywhere, fail everywhere with one error."""
+        err = None
+        try:
+            fn()
+        except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
+            if _timed_out(exc, self.info):
+                raise
+            err = describe_failure(exc, self.rank, self.root)
+        failed = tdist.first_error(self.info, err)
+        if failed is not None:
+            if self._pending is not None and self._pending.tmp == tmp:
+                self._drop_pending()
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"checkpoint save at step {step} failed on {failed}; {_kept(previous)}")
+
+    def _drop_pending(self) -> None:
+        """Forget the save in flight after a failure elsewhere (its thread ends on its own)."""
+        pending, self._pending = self._pending, None
+        try:
+            pending.future.result(timeout=self.info_timeout_s)
+        except BaseException:  # noqa: BLE001 - the save already failed; only waiting for the thread
+            pass
+
+    def _get_stager(self):
+        """One stager for the whole run: its host buffers (pinned when CUDA is used) are
+        reused by every save instead of being allocated and pinned each time."""
+        if self._stager is None and _DefaultStager is not None and "async_stager" in _ASYNC_SAVE_PARAMS:
+            cuda = torch.cuda.is_available() and self.info.device.type == "cuda"
+            try:
+                self._stager = _DefaultStager(_StagingOptions(
+                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                    use_non_blocking_copy=cuda))
+            except TypeError as exc:  # a torch whose StagingOptions differ: async_save's own staging
+                _warn(f"DCP DefaultStager unavailable ({exc}); async_save stages into fresh host memory")
+                self._stager = None
+        return self._stager
+
+    def abandon(self) -> None:
+        """Teardown after an error or at exit: let a write in flight end (it is never
+        committed: its ``.tmp-`` directory is cleaned up by a later save), then free the
+        staging buffers. No collectives."""
+        if self._pending is not None:
+            self._drop_pending()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     def _retain(self) -> None:
         """Keep the newest ``keep`` complete checkpoints; remove older ones, leftovers of
@@ -347,9 +498,12 @@ def describe_failure(exc: BaseException, rank: int, disk: Path | None = None) ->
         if disk is not None:
             try:
                 free = shutil.disk_usage(disk).free / 2**20
-                text += f" (free space on {disk}: {free:.1f} MiB)"
             except OSError:
-                pass
+                free = None
+            if free is not None and free < 1 and "unexpected pos" in text:  # the zip writer's failed write
+                text = f"No space left on device (torch's writer: unexpected pos; free space on {disk}: {free:.1f} MiB)"
+            elif free is not None:
+                text += f" (free space on {disk}: {free:.1f} MiB)"
     text = " ".join(text.split())
     if len(text) > 400:
         text = text[:397] + "..."

@@ -43,6 +43,9 @@ class DataConfig:
     path: str = ""  # token file for source=file (a .json metadata file sits beside it)
     cache_dir: str = ""  # where the embedded corpus is cached ("" = ~/.cache/hopper-train)
     embedded_mb: int = 8  # size cap of the embedded corpus, MiB of source text
+    # source=file: the tokenizer the file must have been prepared with (`train data prepare
+    # --tokenizer` value, or a sha256 prefix of >= 8 hex digits); "" = not checked
+    tokenizer: str = ""
 
     def validate(self) -> None:
         if self.source not in ("embedded", "file", "synthetic"):
@@ -128,6 +131,10 @@ class CheckpointConfig:
     keep: int = 3  # complete checkpoints to retain (0 = keep all)
     final: bool = True  # write one at the last step
     resume: str = "auto"  # auto (resume when a checkpoint exists under torchrun restarts) | never | always
+    # DCP async_save: stage to host memory (pinned on CUDA), write in a background thread;
+    # `latest` moves only once every rank's write finished and verified. Final and
+    # preemption checkpoints still wait for their write.
+    async_save: bool = False
 
     def validate(self) -> None:
         if self.every < 0 or self.keep < 0:
@@ -141,10 +148,26 @@ class MetricsConfig:
     peak_tflops: float = 0.0  # dense bf16 peak per GPU for MFU; 0 = detect from the GPU name
     tensorboard: bool = False
     progress: bool = True  # rank-0 progress bar
+    trace_steps: str = ""  # "A:B": torch.profiler trace of steps A..B per rank (OUT/traces/), see train/trace.py
+    prometheus_file: str = ""  # Prometheus textfile (relative: under OUT), rewritten atomically per logged step
+    wandb: bool = False  # log the same rows to Weights & Biases (needs the wandb extra)
+    wandb_project: str = "hopper-train"
 
     def validate(self) -> None:
+        from train.trace import parse_window
+
         if self.peak_tflops < 0:
             raise ConfigError(f"metrics.peak_tflops: must be >= 0, got {self.peak_tflops}")
+        try:
+            parse_window(self.trace_steps)
+        except ValueError as exc:
+            raise ConfigError(f"metrics.trace_steps: {exc}") from None
+        from train.exporters import missing
+
+        for key, on, module in (("prometheus_file", self.prometheus_file, "prometheus_client"),
+                                ("wandb", self.wandb, "wandb")):
+            if on and (why := missing(module)):
+                raise ConfigError(f"metrics.{key}: {why}")
 
 
 @dataclass
@@ -226,7 +249,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
     else:
         raise ConfigError(f"{key}: unsupported field type {tp}")
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {excerpt(value)}")
+    hint = " (quote it: YAML reads an unquoted A:B such as 10:12 as a base-60 number)" if tp is str else ""
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {excerpt(value)}{hint}")
 
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
@@ -269,6 +293,8 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
             value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
         except YamlSyntaxError:
             value = raw  # not YAML: the plain string
+        if isinstance(value, int) and ":" in raw:  # YAML 1.1 reads 10:12 as base 60 (612): keep "10:12"
+            value = raw.strip()
         node = out
         parts = key.split(".")
         for part in parts[:-1]:

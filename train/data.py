@@ -160,6 +160,23 @@ def write_token_file(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
                  json.dumps({"dtype": dtype, "vocab_size": vocab_size, "num_tokens": int(arr.size)}), what="metadata")
 
 
+def check_tokenizer(path: Path, expected: str) -> None:
+    """``data.tokenizer``: the token file's metadata (written by ``train data prepare``) must
+    name this tokenizer, by the name/path it was prepared with or a sha256 prefix."""
+    if not expected:
+        return
+    meta_path = path.with_suffix(".json")
+    tok = json.loads(meta_path.read_text()).get("tokenizer")
+    if not isinstance(tok, dict):
+        raise DataError(f"data.tokenizer={expected}: {meta_path} records no tokenizer (prepare the file with "
+                        "`train data prepare`)")
+    name, sha = str(tok.get("name", "")), str(tok.get("sha256", ""))
+    same_path = Path(expected).exists() and Path(name).exists() and Path(expected).resolve() == Path(name).resolve()
+    if expected == name or same_path or (len(expected) >= 8 and sha.startswith(expected.lower())):
+        return
+    raise DataError(f"data.tokenizer={expected}: {path} was prepared with tokenizer {name} (sha256 {sha[:12]})")
+
+
 @dataclass
 class ShardInfo:
     rank: int = 0  # data-parallel rank
@@ -239,6 +256,7 @@ def build_loader(data_cfg, seq_len: int, batch_size: int, shard: ShardInfo, seed
         tokens, vocab = np.memmap(path, dtype=np.uint16, mode="r"), EMBEDDED_VOCAB
     else:
         tokens, vocab = open_token_file(Path(data_cfg.path))
+        check_tokenizer(Path(data_cfg.path), data_cfg.tokenizer)
     if vocab > model_vocab:
         raise DataError(f"model.vocab_size: {model_vocab} is smaller than the data's vocabulary ({vocab})")
     return TokenLoader(tokens, seq_len, batch_size, shard, seed, vocab)

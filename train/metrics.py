@@ -49,8 +49,9 @@ def peak_memory_gib(device: torch.device) -> float:
 class MetricsLogger:
     def __init__(self, out_dir: Path | None, enabled: bool, flops_per_token: float,
                  peak_tflops: float | None, world_size: int, tensorboard: bool = False,
-                 keep_up_to_step: int | None = None):
+                 keep_up_to_step: int | None = None, sinks=()):
         self.enabled = enabled
+        self._sinks = list(sinks) if enabled else []  # train.exporters: Prometheus textfile, W&B
         self.flops_per_token = flops_per_token
         self.peak_tflops = peak_tflops
         self.world_size = world_size
@@ -91,6 +92,8 @@ class MetricsLogger:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and k != "step":
                     self._tb.add_scalar(k, v, step)
+        for sink in self._sinks:
+            sink.log(row)
         return row
 
     def close(self) -> None:
@@ -99,6 +102,9 @@ class MetricsLogger:
             self._fd = None
         if self._tb:
             self._tb.close()
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []
 
 
 def open_rows(path: Path, keep_up_to_step: int | None = None) -> int:

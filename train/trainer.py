@@ -7,6 +7,7 @@ import contextlib
 import gc
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from train import dist as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
 from train.config import ConfigError
 from train.data import ShardInfo, build_loader
+from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.metrics import MetricsLogger, StepTimer, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
@@ -25,6 +27,7 @@ from train.optim import build_optimizer, build_scheduler
 from train.parallel import Parallelized, parallelize
 from train.precision import amp
 from train.precision.fp8 import apply_float8
+from train.trace import StepTracer, parse_window, phase
 
 
 class NonFiniteLossError(RuntimeError):
@@ -113,7 +116,9 @@ class Trainer:
             job.data, job.train.seq_len, job.train.batch_size,
             ShardInfo(self.par.dp_rank, self.par.dp_world), job.train.seed, job.model.vocab_size,
         )
-        self.ckpt = CheckpointManager(out_dir / "checkpoints", info, job.checkpoint.keep)
+        self.ckpt = CheckpointManager(out_dir / "checkpoints", info, job.checkpoint.keep,
+                                      async_save=job.checkpoint.async_save, timeout_s=job.train.timeout_s)
+        self._ckpt_written = False  # every rank's background checkpoint write has finished
         self.step = 0
         self.at_step: int | str = "resume"  # the step in progress (named in collective errors)
         self.nan_skips = 0
@@ -136,6 +141,7 @@ class Trainer:
         self.metrics = MetricsLogger(
             out_dir, info.is_main, self.flops_per_token, peak, info.world_size, job.metrics.tensorboard,
             keep_up_to_step=self.step,
+            sinks=build_sinks(job.metrics, out_dir, job.to_dict()) if info.is_main else (),
         )
 
     # ------------------------------------------------------------------ resume
@@ -170,7 +176,11 @@ class Trainer:
         with tdist.collective("all_reduce (parameter finiteness check)"):
             return tdist.all_true(self.info, bool(ok.item()))
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, wait: bool = True) -> Path:
+        """Checkpoint the current step. ``wait=False`` with checkpoint.async_save returns once
+        the state is staged; :meth:`_commit_written_checkpoint` commits it later. The logged
+        stall is all the time the loop spends here (incl. waiting for a previous write)."""
+        t0 = time.perf_counter()
         if not self._params_finite():
             latest = self.ckpt.latest_local()
             where = f"last good checkpoint: {latest}" if latest else "no checkpoint was written"
@@ -187,9 +197,25 @@ class Trainer:
             "nan_skips": self.nan_skips,
             "parallel": {name: obj.state_dict() for name, obj in self.par.extra_state.items()},
         }
-        path = self.ckpt.save(self.step, self.par.model, self.optimizer, extra)
-        self._log(f"checkpoint saved: {path}")
+        self._commit_written_checkpoint()  # at most one save in flight: finish the previous one first
+        with phase("checkpoint"):
+            path = self.ckpt.save(self.step, self.par.model, self.optimizer, extra, wait=wait)
+        mode = "async" if self.job.checkpoint.async_save else "sync"
+        waited = " and waiting for the write" if mode == "async" and wait else ""
+        self._log(f"checkpoint {path.name}: stall {(time.perf_counter() - t0) * 1000:.1f} ms ({mode}{waited})")
+        if self.ckpt.in_flight is None:
+            self._log(f"checkpoint saved: {path}")
         return path
+
+    def _commit_written_checkpoint(self) -> str | None:
+        """Commit the async save whose write every rank has finished (agreed in _agree)."""
+        t0 = time.perf_counter()
+        path = self.ckpt.finish()
+        if path is None:
+            return None
+        self._log(f"checkpoint saved: {path} (async: background write {self.ckpt.last_write_s:.2f} s, "
+                  f"commit {(time.perf_counter() - t0) * 1000:.1f} ms)")
+        return str(path)
 
     # ------------------------------------------------------------------ the step
     def _forward_backward(self) -> torch.Tensor:
@@ -200,57 +226,63 @@ class Trainer:
             targets = targets.to(self.device, non_blocking=True)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
             with sync_ctx, self.par.loss_context():
-                with amp.autocast(self.precision, self.device), self.par.forward_context():
-                    logits = self.par.model(inputs)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1)) / self.accum
-                if self.scaler is not None:
-                    self.scaler.scale(loss).backward()
-                else:
-                    loss.backward()
+                with phase("forward"):
+                    with amp.autocast(self.precision, self.device), self.par.forward_context():
+                        logits = self.par.model(inputs)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1)) / self.accum
+                with phase("backward"):
+                    if self.scaler is not None:
+                        self.scaler.scale(loss).backward()
+                    else:
+                        loss.backward()
             # loss_parallel: the loss is a replicated DTensor
             loss_sum += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
         return loss_sum
 
     def _agree(self, loss: torch.Tensor, nonfinite: bool) -> tuple[float, bool, bool]:
-        """One small all-reduce per step: mean loss, any rank non-finite, any rank preempted."""
+        """One small all-reduce per step: mean loss, any rank non-finite, any rank preempted,
+        and (async checkpoints) whether every rank's background write has finished."""
         vec = torch.stack([
             loss.float(),
             torch.tensor(float(nonfinite), device=self.device),
             torch.tensor(float(self.preemption.requested), device=self.device),
+            torch.tensor(float(self.ckpt.ready()), device=self.device),
         ])
         if self.info.backend is not None:
             with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
                 dist.all_reduce(vec)
                 vec[0] /= self.info.world_size
-                mean_loss, bad, stop = vec.tolist()
+                mean_loss, bad, stop, written = vec.tolist()
         else:
-            mean_loss, bad, stop = vec.tolist()
+            mean_loss, bad, stop, written = vec.tolist()
+        self._ckpt_written = written >= self.info.world_size
         return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0
 
     def train_step(self) -> tuple[float, float, bool]:
         with tdist.collective(_GRAD_SYNC.get(self.job.parallel.strategy, "gradient collectives (forward/backward)")):
             loss = self._forward_backward()
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        # On CUDA the host blocks at the first .item() after the collectives were queued:
-        # that is where a hung gradient all_reduce is seen, so it is inside the context too.
-        with tdist.collective("all_reduce (gradient buckets / gradient norm)"):
-            grad_norm = _clip_grad_norm(self.par.model.parameters(), self.job.optim.grad_clip)
-            # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
-            norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
-        mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
-        if nonfinite:
-            self._handle_nonfinite(mean_loss, float(grad_norm))
-        else:
+        with phase("optimizer"):  # unscale, clip (grad-norm all_reduce), agreement all_reduce, step
             if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+                self.scaler.unscale_(self.optimizer)
+            # On CUDA the host blocks at the first .item() after the collectives were queued:
+            # that is where a hung gradient all_reduce is seen, so it is inside the context too.
+            with tdist.collective("all_reduce (gradient buckets / gradient norm)"):
+                grad_norm = _clip_grad_norm(self.par.model.parameters(), self.job.optim.grad_clip)
+                # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
+                norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
+            mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
+            if nonfinite:
+                self._handle_nonfinite(mean_loss, float(grad_norm))
             else:
-                self.optimizer.step()
-            self.scheduler.step()
-            for hook in self.par.after_optimizer_step:
-                hook()
-        self.optimizer.zero_grad(set_to_none=True)
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.scheduler.step()
+                for hook in self.par.after_optimizer_step:
+                    hook()
+            self.optimizer.zero_grad(set_to_none=True)
         return mean_loss, float(grad_norm), stop
 
     def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
@@ -271,10 +303,12 @@ class Trainer:
         tokens_per_step = job.train.batch_size * job.train.seq_len * self.accum * self.par.dp_world
         timer = StepTimer(self.device)
         progress = _Progress(self.info.is_main and job.metrics.progress, total, self.step)
+        tracer = StepTracer(parse_window(job.metrics.trace_steps), self.out_dir, self.info.rank, self.device)
         timed_tokens, timed_s = 0, 0.0
         try:
             while self.step < total:
                 self.at_step = self.step + 1
+                tracer.begin(self.step + 1)
                 timer.start()
                 loss, grad_norm, stop = self.train_step()
                 dt = timer.stop()
@@ -282,6 +316,8 @@ class Trainer:
                 for collect in self.par.step_metrics:  # e.g. comm_bytes, exposed_comm_ms (comm.measure)
                     step_stats.update(collect())
                 self.step += 1
+                if self._ckpt_written:
+                    summary.checkpoint = self._commit_written_checkpoint() or summary.checkpoint
                 summary.losses.append(loss)
                 if summary.steps_run == 0:
                     summary.first_loss = loss
@@ -309,8 +345,12 @@ class Trainer:
                     self._log(f"preempted: checkpoint written at step {self.step}; exiting")
                     break
                 if every and self.step % every == 0 and self.step < total:
-                    summary.checkpoint = str(self.save_checkpoint())
+                    path = self.save_checkpoint(wait=False)
+                    if self.ckpt.in_flight is None:
+                        summary.checkpoint = str(path)
+                tracer.end(self.step)
             else:
+                summary.checkpoint = self._commit_written_checkpoint() or summary.checkpoint  # waits
                 if job.checkpoint.final and (summary.steps_run or summary.checkpoint is None):
                     latest = self.ckpt.latest()
                     if latest is None or latest.name != f"step_{self.step:08d}":
@@ -318,6 +358,7 @@ class Trainer:
                     else:
                         summary.checkpoint = str(latest)
         finally:
+            tracer.close()
             progress.close()
             self.metrics.close()
         summary.final_step = self.step
@@ -333,6 +374,8 @@ class Trainer:
         group) before the group is destroyed. Otherwise the reducer can end up freeing
         the group itself, with the GIL held, while a gloo worker thread needs the GIL to
         finish its last work: a deadlock at exit (seen here in 3 of 12 kill-and-restart runs on CPU)."""
+        if getattr(self, "ckpt", None) is not None:
+            self.ckpt.abandon()
         self.par = None
         self.optimizer = None
         self.scheduler = None

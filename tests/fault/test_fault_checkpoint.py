@@ -159,6 +159,36 @@ def test_retention_keeps_k_and_cleans_crash_leftovers(tmp_path):
     assert all(verify(mgr.root / n) is None for n in names if n.startswith("step_"))
 
 
+def test_async_save_commits_only_in_finish_with_the_state_at_save_time(tmp_path):
+    """``latest`` and the step directory appear only when the background write is
+    committed; the written state is the one staged at save time, not what training did
+    afterwards; a second save first commits the one in flight (never two at once)."""
+    mgr = CheckpointManager(tmp_path / "checkpoints", ONE, keep=0, async_save=True)
+    m, opt = _model(1)
+    mgr.save(2, m, opt, {"step": 2})
+    assert (mgr.root / "latest").read_text().strip() == "step_00000002" and mgr.in_flight is None
+    mgr.save(4, m, opt, {"step": 4}, wait=False)
+    saved = m.output.weight.detach().clone()
+    assert mgr.in_flight == 4 and (mgr.root / ".tmp-step_00000004").is_dir()
+    assert not (mgr.root / "step_00000004").exists()
+    assert (mgr.root / "latest").read_text().strip() == "step_00000002"
+    with torch.no_grad():  # training goes on while the write runs
+        m.output.weight.add_(1.0)
+    assert mgr.finish() == mgr.root / "step_00000004" and mgr.in_flight is None
+    assert (mgr.root / "latest").read_text().strip() == "step_00000004" and verify(mgr.root / "step_00000004") is None
+    mgr.save(6, m, opt, {"step": 6}, wait=False)
+    mgr.save(8, m, opt, {"step": 8}, wait=False)
+    assert mgr.in_flight == 8 and verify(mgr.root / "step_00000006") is None
+    mgr.abandon()  # never committed: stays a .tmp- directory that later saves clean up
+    assert not (mgr.root / "step_00000008").exists() and (mgr.root / "latest").read_text().strip() == "step_00000006"
+    fresh, fopt = _model(2)
+    path, extra = CheckpointManager(mgr.root, ONE, keep=0).load_latest(fresh, fopt)
+    assert path.name == "step_00000006" and extra["step"] == 6
+    m4, o4 = _model(3)
+    CheckpointManager(mgr.root, ONE, keep=0).load(mgr.root / "step_00000004", m4, o4)
+    assert torch.equal(m4.output.weight, saved)
+
+
 # ----------------------------------------------------------------------------- real crashes
 
 
@@ -175,9 +205,9 @@ _DIE_ON_SIGXFSZ = ("import runpy, signal; signal.signal(signal.SIGXFSZ, signal.S
                    "runpy.run_module('train', run_name='__main__', alter_sys=True)")
 
 
-def test_crash_during_save_keeps_previous_and_resume_cleans_up(tmp_path):
+def test_crash_during_save_keeps_previous_and_resume_cleans_up(tmp_path, checkpoint_mode):
     out = tmp_path / "run"
-    base = ["run", "--out", str(out), "--checkpoint-every", "2", *SMALL]
+    base = ["run", "--out", str(out), "--checkpoint-every", "2", *SMALL, *checkpoint_mode]
     first = train_cli([*base, "--steps", "4"])
     assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads((out / "checkpoints" / "step_00000004" / "manifest.json").read_text())["step"] == 4
@@ -209,14 +239,14 @@ def _mount_tmpfs(path: Path, size: str) -> str | None:
     return None if res.returncode == 0 else f"mount -t tmpfs failed: {res.stderr.strip()}"
 
 
-def test_disk_full_during_save_is_one_clear_error_and_keeps_previous(tmp_path):
+def test_disk_full_during_save_is_one_clear_error_and_keeps_previous(tmp_path, checkpoint_mode):
     disk = tmp_path / "disk"
     why = _mount_tmpfs(disk, "2600k")  # room for one checkpoint of this model (~1.8 MB), not two
     if why:
         pytest.skip(why)
     try:
         out = disk / "run"
-        res = train_cli(["run", "--out", str(out), "--steps", "6", "--checkpoint-every", "2", *SMALL])
+        res = train_cli(["run", "--out", str(out), "--steps", "6", "--checkpoint-every", "2", *SMALL, *checkpoint_mode])
         err = res.stderr
         assert res.returncode == 1, err[-3000:]
         lines = [ln for ln in err.splitlines() if ln.startswith("error:")]

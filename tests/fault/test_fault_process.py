@@ -154,8 +154,9 @@ def _step_line(step: int) -> str:
 # ----------------------------------------------------------------------------- worker death
 
 
-def test_killed_worker_restarts_and_resumes_bitwise(tmp_path):
-    common = ["run", "--steps", "24", "--checkpoint-every", "4", *SMALL, "--set", "optim.decay_steps=24"]
+def test_killed_worker_restarts_and_resumes_bitwise(tmp_path, checkpoint_mode):
+    common = ["run", "--steps", "24", "--checkpoint-every", "4", *SMALL, "--set", "optim.decay_steps=24",
+              *checkpoint_mode]
     ref_out, out = tmp_path / "straight", tmp_path / "killed"
     ref = torchrun([*common, "--out", str(ref_out)])
     assert ref.returncode == 0, ref.stderr[-3000:]
@@ -189,12 +190,12 @@ def test_killed_worker_restarts_and_resumes_bitwise(tmp_path):
 # ----------------------------------------------------------------------------- preemption
 
 
-def test_sigterm_checkpoints_and_resume_continues(tmp_path):
+def test_sigterm_checkpoints_and_resume_continues(tmp_path, checkpoint_mode):
     """SIGTERM to torchrun (what Kubernetes and Slurm send) stops both ranks with a
     checkpoint; the resumed run continues from it, and a SIGTERM that reaches only one
     worker stops both ranks after the same step with everyone exiting 0."""
     out = tmp_path / "run"
-    job = Proc(_torchrun_cmd(["run", "--steps", "400", "--out", str(out), *SMALL]), tmp_path, "term")
+    job = Proc(_torchrun_cmd(["run", "--steps", "400", "--out", str(out), *SMALL, *checkpoint_mode]), tmp_path, "term")
     try:
         _wait_for(lambda: _step_line(3) in job.stdout(), 240, "step 3", [job])
         t0 = time.monotonic()
@@ -213,7 +214,8 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path):
     ckpt = out / "checkpoints" / f"step_{step:08d}"
     assert _latest(out) == ckpt.name and verify(ckpt) is None
 
-    again = Proc(_torchrun_cmd(["run", "--steps", "400", "--out", str(out), "--resume", *SMALL]), tmp_path, "again")
+    again = Proc(_torchrun_cmd(["run", "--steps", "400", "--out", str(out), "--resume", *SMALL, *checkpoint_mode]),
+                 tmp_path, "again")
     try:
         _wait_for(lambda: _step_line(step + 3) in again.stdout(), 240, f"step {step + 3}", [again])
         os.kill(_worker_pid(again.pid, rank=1), signal.SIGTERM)

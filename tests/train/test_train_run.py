@@ -35,9 +35,11 @@ def test_two_process_run_learns_and_writes_metrics(tmp_path):
     assert manifest["world_size"] == 2 and "extra_rank1.pt" in manifest["files"]
 
 
-def test_resume_is_bitwise_identical(tmp_path):
+def test_resume_is_bitwise_identical(tmp_path, checkpoint_mode):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = [*SMALL, "--set", "optim.decay_steps=16"]
+    # every=8: the straight run's step-8 checkpoint is (async:) written in the background
+    # while steps 9+ run; the split run resumes from its final step-8 checkpoint.
+    common = [*SMALL, "--set", "optim.decay_steps=16", "--set", "checkpoint.every=8", *checkpoint_mode]
     a = torchrun(["run", "--steps", "16", "--out", str(straight), *common])
     assert a.returncode == 0, a.stderr[-3000:]
     b1 = torchrun(["run", "--steps", "8", "--out", str(split), *common])
