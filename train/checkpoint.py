@@ -69,6 +69,13 @@ STEP_RE = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 
 
+def _stager_reusable(stager) -> bool:
+    """False once a stager's inner StateDictStager has been closed (its copy dispatch table
+    emptied): torch 2.11 does that at the end of every stage (pytorch#183413)."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    return inner is None or bool(getattr(inner, "_deepcopy_dispatch", True))
+
+
 class CheckpointError(RuntimeError):
     pass
 
@@ -384,7 +391,13 @@ class CheckpointManager:
 
     def _get_stager(self):
         """One stager for the whole run: its host buffers (pinned when CUDA is used) are
-        reused by every save instead of being allocated and pinned each time."""
+        reused by every save instead of being allocated and pinned each time.
+
+        torch 2.11's ``DefaultStager`` closes its own deep-copy machinery after every stage, so
+        a reused one fails the next save with ``KeyError: <class 'type'>`` (pytorch#183413;
+        seen on 2xH200 at the second async save). A stager found closed is replaced."""
+        if self._stager is not None and not _stager_reusable(self._stager):
+            self._stager = None  # already closed by torch itself; its staged copies stay with their writes
         if self._stager is None and _DefaultStager is not None and "async_stager" in _ASYNC_SAVE_PARAMS:
             cuda = torch.cuda.is_available() and self.info.device.type == "cuda"
             try:

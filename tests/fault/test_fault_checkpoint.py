@@ -189,6 +189,23 @@ def test_async_save_commits_only_in_finish_with_the_state_at_save_time(tmp_path)
     assert torch.equal(m4.output.weight, saved)
 
 
+
+def test_async_save_replaces_a_stager_that_torch_closed(tmp_path):
+    """torch 2.11's DefaultStager closes its inner StateDictStager at the end of every stage,
+    and the next save with it fails (pytorch#183413; seen on 2xH200). Do to the stager what
+    2.11 does, then save again: a fresh stager is used and both checkpoints are complete."""
+    mgr = CheckpointManager(tmp_path / "checkpoints", ONE, keep=0, async_save=True)
+    m, opt = _model(1)
+    mgr.save(2, m, opt, {"step": 2})
+    stager = mgr._get_stager()
+    if stager is None:
+        pytest.skip("this torch has no DefaultStager: async_save stages into fresh memory")
+    stager._state_dict_stager.close()  # what torch 2.11 does after each stage
+    mgr.save(4, m, opt, {"step": 4})
+    assert mgr._get_stager() is not stager
+    assert verify(mgr.root / "step_00000002") is None and verify(mgr.root / "step_00000004") is None
+    assert (mgr.root / "latest").read_text().strip() == "step_00000004"
+
 # ----------------------------------------------------------------------------- real crashes
 
 
