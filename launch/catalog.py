@@ -132,7 +132,9 @@ def _parse_yaml(path_str: str, _stamp: int) -> dict:
 
 
 def validate(data: dict, schema: dict, path: Path) -> None:
-    key = (str(path), id(schema), _fingerprint(data))
+    # data is the cached parse of this file version (_parse_yaml): its identity is the key
+    # (never repr(data): an aliased value would be expanded)
+    key = (str(path), id(schema), id(data))
     if key in _VALIDATED:
         return
     _validate(data, schema, path)
@@ -140,10 +142,6 @@ def validate(data: dict, schema: dict, path: Path) -> None:
 
 
 _VALIDATED: set = set()
-
-
-def _fingerprint(data: dict) -> int:
-    return hash(repr(data))
 
 
 def _validate(data: dict, schema: dict, path: Path) -> None:

@@ -265,12 +265,13 @@ def profiles_cmd():
     click.echo("Profiles (--profile):")
     for name in catalog.available("profiles"):
         p = catalog.load_profile(name)
-        click.echo(f"  {name:<14} {p.description} [{p.gpus_per_node}x {p.arch}, {p.cpu_arch}, "
-                   f"fp8: {','.join(p.fp8) or '-'}, image: {p.image_target}]")
+        click.echo(f"  {one_line(name):<14} " + one_line(f"{p.description} [{p.gpus_per_node}x {p.arch}, "
+                                                         f"{p.cpu_arch}, fp8: {','.join(p.fp8) or '-'}, "
+                                                         f"image: {p.image_target}]"))
     click.echo("Fabrics (--fabric):")
     for name in catalog.available("fabrics"):
         f = catalog.load_fabric(name)
-        click.echo(f"  {name:<14} {f.description} [{f.scope}]")
+        click.echo(f"  {one_line(name):<14} " + one_line(f"{f.description} [{f.scope}]"))
 
 
 harden_click(cli)  # any numeric option added later is ASCII-only, bounded and finite too

@@ -31,6 +31,7 @@ from typing import Any
 MAX_YAML_BYTES = 1 << 20  # 1 MiB: configs and profiles are a few KiB
 MAX_YAML_DEPTH = 32  # nesting of mappings/sequences
 MAX_YAML_NODES = 20_000  # nodes after alias expansion
+MAX_YAML_EXPANDED_CHARS = 4 << 20  # scalar text after alias expansion
 EXCERPT_CHARS = 80
 MESSAGE_CHARS = 600
 
@@ -268,12 +269,17 @@ def _yaml_where(exc) -> str:
 def _check_expansion(root, what: str) -> None:
     import yaml
 
-    seen, stack = 0, [(root, 1)]
+    seen, chars, stack = 0, 0, [(root, 1)]
     while stack:
         node, depth = stack.pop()
         seen += 1
         if seen > MAX_YAML_NODES:
             raise InputError(f"{what}: more than {MAX_YAML_NODES} values after expanding aliases (alias bomb?)")
+        if isinstance(node, yaml.ScalarNode):
+            chars += len(node.value)  # a long string aliased many times is a bomb too (repr, messages)
+            if chars > MAX_YAML_EXPANDED_CHARS:
+                raise InputError(f"{what}: more than {MAX_YAML_EXPANDED_CHARS} characters after expanding "
+                                 "aliases (alias bomb?)")
         if depth > MAX_YAML_DEPTH:
             raise InputError(f"{what}: nested deeper than {MAX_YAML_DEPTH} levels (through aliases)")
         if isinstance(node, yaml.SequenceNode):

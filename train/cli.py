@@ -32,6 +32,22 @@ class GuardedGroup(click.Group):
     launch-spec and shared input checks - and undecodable text) is one line and exit 2.
     Other exceptions are bugs and keep their traceback."""
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Click's usage errors as one line too (``error: Invalid value for '--steps': ...``),
+        control characters escaped, instead of the Usage/Try/Error block."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            sys.exit(0)
+        except click.exceptions.Abort:
+            fail("aborted", 1)
+        except click.ClickException as exc:
+            fail(exc.format_message(), exc.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)

@@ -20,6 +20,8 @@ import torch
 from launch.safety import check_output_target
 
 log = logging.getLogger(__name__)
+TAIL_BYTES = 1 << 20  # a row is a few hundred bytes
+MAX_SCAN_BYTES = 256 << 20  # larger files: only the partial last line is repaired on resume
 
 
 class StepTimer:
@@ -110,8 +112,15 @@ def open_rows(path: Path, keep_up_to_step: int | None = None) -> int:
     try:
         size = os.fstat(fd).st_size
         if size:
-            data = os.pread(fd, size, 0)
-            keep = data.rfind(b"\n") + 1  # whole lines only
+            if keep_up_to_step is None or size > MAX_SCAN_BYTES:  # the partial last line only
+                offset = max(size - TAIL_BYTES, 0)
+                data = os.pread(fd, size - offset, offset)
+                cut = data.rfind(b"\n")
+                keep = offset + cut + 1 if cut >= 0 else (0 if offset == 0 else size)
+                data, keep_up_to_step = b"", None
+            else:
+                data = os.pread(fd, size, 0)
+                keep = data.rfind(b"\n") + 1  # whole lines only
             if keep_up_to_step is not None:
                 lines, kept = data[:keep].splitlines(keepends=True), 0
                 for line in lines:

@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 from pathlib import Path
 
 import yaml
@@ -111,6 +112,9 @@ class RunLock:
             raise ConfigError(f"--out {excerpt(str(self.path.parent))}: cannot create the run lock "
                               f"{LOCK_NAME} ({exc.strerror})") from None
         self.fd = fd
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            self._close()
+            raise ConfigError(f"--out {excerpt(str(self.path.parent))}: {LOCK_NAME} is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

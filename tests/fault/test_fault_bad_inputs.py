@@ -236,6 +236,11 @@ CASES = [
     T("out-newline", "--out with a newline in it", ["run", "--out", "{tmp}/a\nb"], 2, "control characters"),
     T("out-dangling-link", "--out a dangling symbolic link", ["run", "--out", "{dangling}"], 2,
       "dangling symbolic link"),
+    T("out-lock-fifo", "--out whose lock file is a FIFO", ["run", "--set", "data.source=synthetic", *TINY,
+                                                          "--out", "{fifo_lock_run}"], 2, "is not a regular file"),
+    T("out-lock-symlink", "--out whose lock file is a symlink", ["run", "--set", "data.source=synthetic", *TINY,
+                                                                "--out", "{link_lock_run}"], 2,
+      "cannot create the run lock"),
     T("out-busy", "--out held by a live run (flock held)", ["run", "--set", "data.source=synthetic", *TINY,
                                                              "--out", "{busy_run}"], 2, "in use by another run (pid"),
     T("out-busy-other-host", "--out whose lock names a run on another host (shared file system)",
@@ -555,6 +560,11 @@ def _fixtures(tmp: Path) -> dict[str, str]:
             {"step": 2, "world_size": 1, "files": {n: len(d) for n, d in files.items()}}))
         (run / "checkpoints" / "latest").write_text("step_00000002\n")
         runs[name] = str(run)
+    for name in ("fifo_lock_run", "link_lock_run"):
+        (tmp / name).mkdir()
+        runs[name] = str(tmp / name)
+    os.mkfifo(tmp / "fifo_lock_run" / ".train.lock")
+    (tmp / "link_lock_run" / ".train.lock").symlink_to(tmp / "afile")
     # a run directory whose lock names a run on another host (a shared file system without coherent flock)
     (tmp / "remote_run" / ".train.lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 4242}))
     (tmp / "busy_run" / ".train.lock").write_text(json.dumps({"host": "this-test", "pid": os.getpid()}))

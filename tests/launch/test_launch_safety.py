@@ -103,6 +103,7 @@ def test_output_regular_file_replaced_whole(tmp_path):
         f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(9)), "alias bomb"),
     ("[" * 50000 + "]" * 50000, "nested deeper"),
     ("a: &a {b: *a}\n", "through aliases"),
+    ("a: &a '" + "x" * 500_000 + "'\nb: [" + ", ".join(["*a"] * 100) + "]\n", "characters after expanding"),
     ("{a: 1, a: 2}", "duplicate key"),
     ("a: !!python/object/apply:os.system [id]", "malformed YAML"),
     ("a: 1\n---\nb: 2\n", "malformed YAML"),
