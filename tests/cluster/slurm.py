@@ -39,7 +39,7 @@ def slurm_missing() -> str | None:
 
 class Slurm:
     def __init__(self, cluster: Cluster, cpus: int = 2, memory_mb: int = 4000, grace_time_s: int = 60,
-                 kill_wait_s: int = 10):
+                 kill_wait_s: int = 10, cred_expire_s: int = 10):
         reason = slurm_missing()
         if reason:
             raise RuntimeError(reason)
@@ -52,7 +52,7 @@ class Slurm:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir / "munge", 0o700)
         self.munge_socket = self.dir / "munge" / "munge.socket"
-        self._write_conf(cpus, memory_mb, grace_time_s, kill_wait_s)
+        self._write_conf(cpus, memory_mb, grace_time_s, kill_wait_s, cred_expire_s)
         self.env = {"SLURM_CONF": str(self.conf)}
         try:
             self._start()
@@ -60,7 +60,7 @@ class Slurm:
             self.stop()
             raise
 
-    def _write_conf(self, cpus: int, memory_mb: int, grace_time_s: int, kill_wait_s: int) -> None:
+    def _write_conf(self, cpus: int, memory_mb: int, grace_time_s: int, kill_wait_s: int, cred_expire_s: int) -> None:
         c, d = self.cluster, self.dir
         head = c.nodes[0]
         names = ",".join(n.name for n in c.nodes)
@@ -68,7 +68,10 @@ class Slurm:
             f"ClusterName={c.tag.lower()}",
             f"SlurmctldHost={head.name}({head.ip})",
             "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.munge_socket}",
+            "AuthType=auth/munge", "CredType=cred/munge",
+            # cred_expire (default 120 s) is also how long Slurm holds a requeued job before it
+            # may start again (a start before that is refused: "Job credential revoked").
+            f"AuthInfo=socket={self.munge_socket},cred_expire={cred_expire_s}",
             "SlurmctldPort=6817", "SlurmdPort=6818",
             f"StateSaveLocation={d / 'state'}", f"SlurmdSpoolDir={d / 'spool'}/%n",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}", f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
