@@ -54,9 +54,13 @@ demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GP
 test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-cluster: setup  ## emulated multi-node cluster tests (root: netns nodes, torchrun, elastic, real Slurm); apt-installs slurm-wlm/munge/iproute2 if missing
+# The host-side podman tests of rendered `launch docker` scripts (issue 10 part 4, issue 18).
+CLUSTER_PODMAN_TESTS ?= -q -p no:cacheprovider -m container -s tests/docker/test_launch_podman.py
+
+test-cluster: setup  ## deployment tests as root: emulated cluster (netns nodes: torchrun, elastic, real Slurm, slow link, preflight), then podman running rendered `launch docker` scripts against the image scripts/container_test.sh builds
 	bash scripts/cluster_deps.sh
 	$(PY) -m pytest -q -m cluster -p no:cacheprovider --durations=15 tests/cluster $(PYTEST_ARGS)
+	CONTAINER_CI_LAUNCH_TESTS='$(CLUSTER_PODMAN_TESTS)' bash scripts/container_test.sh
 
 render-k8s: setup  ## re-render the committed Kubernetes manifests under k8s/ (TrainJob, runtimes, PyTorchJob, ComputeDomain)
 	$(PY) -m launch.render_examples
