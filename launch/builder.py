@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from launch import catalog
 from launch.spec import (
-    Preflight,
     JobSpec,
     NetworkOverrides,
+    Preflight,
     Rendezvous,
     Resources,
     SpecError,
@@ -18,16 +18,15 @@ from launch.spec import (
     parse_endpoint,
     parse_entrypoint,
     parse_env_pairs,
+    parse_image,
     parse_mount,
     parse_name,
-    parse_image,
     parse_nnodes,
     parse_port,
     parse_positive_int,
     parse_quantity,
     parse_rdzv_id,
     parse_safe_token,
-    reject_control_chars,
     reject_nul,
     torchrun_max_restarts,
 )

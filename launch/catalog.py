@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from launch.errors import SpecError
 from launch.safety import excerpt
-from launch.spec import SpecError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROFILE_PATH_ENV = "LAUNCH_PROFILE_PATH"

@@ -12,8 +12,14 @@ import sys
 
 import click
 
-from launch.safety import InputError, StrictFloat, StrictInt, harden_click, one_line
-from launch.spec import DEFAULT_CHECKPOINT_DIR, DEFAULT_ENTRYPOINT, DEFAULT_GRACE_PERIOD_S, DEFAULT_RDZV_PORT, SpecError
+from launch.errors import InputError, SpecError
+from launch.safety import StrictFloat, StrictInt, harden_click, one_line
+from launch.spec import (
+    DEFAULT_CHECKPOINT_DIR,
+    DEFAULT_ENTRYPOINT,
+    DEFAULT_GRACE_PERIOD_S,
+    DEFAULT_RDZV_PORT,
+)
 
 PROG = "launch"
 _ARGV: list[str] = []  # the invocation, echoed into the generated files' header

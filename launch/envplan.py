@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.spec import JobSpec, SpecError
+from launch.errors import SpecError
+from launch.spec import JobSpec
 
 # Names copied around the internet that NCCL does not read (NCCL's env docs are the reference).
 NOT_NCCL = {

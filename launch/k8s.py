@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 from launch.commandline import preflight_train_args, training_args
 from launch.envplan import EnvPlan, build_env
+from launch.errors import SpecError
 from launch.render import header_lines, render
-from launch.spec import JobSpec, SpecError, check_env_name, check_unique_env, parse_quantity
+from launch.spec import JobSpec, check_env_name, check_unique_env, parse_quantity
 
 CONTAINER_NAME = "pytorch"  # training-operator v1: PyTorchJobDefaultContainerName
 TRAINER_CONTAINER = "node"  # Trainer v2: constants.Node, where the Torch plugin injects PET_*

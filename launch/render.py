@@ -28,8 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from launch.commandline import Shell
+from launch.errors import SpecError
 from launch.safety import excerpt
-from launch.spec import SpecError
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 

@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from launch.errors import InputError, YamlSyntaxError
+
 MAX_YAML_BYTES = 1 << 20  # 1 MiB: configs and profiles are a few KiB
 MAX_YAML_DEPTH = 32  # nesting of mappings/sequences
 MAX_YAML_NODES = 20_000  # nodes after alias expansion
@@ -36,12 +38,6 @@ EXCERPT_CHARS = 80
 MESSAGE_CHARS = 600
 
 
-class InputError(ValueError):
-    """A user input problem: one line on stderr, exit status 2."""
-
-
-class YamlSyntaxError(InputError):
-    """Text that is not YAML (as opposed to YAML over the size/depth/alias bounds)."""
 
 
 # --------------------------------------------------------------------------- messages

@@ -14,8 +14,9 @@ from launch.commandline import (
     training_args,
 )
 from launch.envplan import EnvPlan
+from launch.errors import SpecError
 from launch.render import Quoted, group_args, header_lines, render
-from launch.spec import _SAFE_TOKEN, JobSpec, SpecError, parse_safe_token, reject_control_chars
+from launch.spec import _SAFE_TOKEN, JobSpec, parse_safe_token, reject_control_chars
 
 DOCKER_BASE_FLAGS = (
     ("--rm", "remove the container when training exits"),

@@ -15,7 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launch.safety import InputError, reserved_path
+from launch.errors import SpecError
+from launch.safety import reserved_path
 
 if TYPE_CHECKING:  # catalog imports this module at run time
     from launch.catalog import Fabric, Profile
@@ -29,9 +30,6 @@ _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]", re.ASCII)
 
-
-class SpecError(InputError):
-    """A user input problem; reported as a single line, exit status 2."""
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed.checkpoint as dcp
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -64,6 +64,7 @@ except ImportError:  # older torch: async_save stages into fresh host memory eac
 _ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 
 from train import dist as tdist
+from train.errors import CheckpointError
 
 STEP_RE = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
@@ -75,9 +76,6 @@ def _stager_reusable(stager) -> bool:
     inner = getattr(stager, "_state_dict_stager", None)
     return inner is None or bool(getattr(inner, "_deepcopy_dispatch", True))
 
-
-class CheckpointError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -139,7 +137,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _fsync_write(path: Path, text: str) -> None:
-    from launch.safety import atomic_write  # the one writer: temp + fsync + rename, regular files only
+    from launch.safety import (
+        atomic_write,  # the one writer: temp + fsync + rename, regular files only
+    )
 
     atomic_write(path, text, what="checkpoint")
 

@@ -12,19 +12,11 @@ from pathlib import Path
 
 import click
 
-from launch.safety import InputError, StrictInt, harden_click, one_line
-from train.config import SEED_MAX, ConfigError
-
-
-def _rank_prefix() -> str:
-    world = os.environ.get("WORLD_SIZE", "1")
-    return f"[rank {one_line(os.environ.get('RANK', '0'), 20)}] " if world != "1" else ""
-
-
-def fail(msg: str, code: int) -> None:
-    """Print ``error: msg`` on one line and exit with ``code``."""
-    click.echo(f"{_rank_prefix()}error: {one_line(msg)}", err=True)
-    sys.exit(code)
+from launch.errors import InputError
+from launch.safety import StrictInt, harden_click
+from train.config import SEED_MAX
+from train.console import fail
+from train.errors import RUNTIME_ERRORS, ConfigError
 
 
 class GuardedGroup(click.Group):
@@ -61,14 +53,6 @@ class GuardedGroup(click.Group):
             fail(f"input is not valid UTF-8 ({exc.reason} at byte {exc.start})", 2)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from train.checkpoint import CheckpointError
-    from train.dist import CollectiveError
-    from train.trainer import NonFiniteLossError, OutOfMemory
-
-    return (CheckpointError, NonFiniteLossError, CollectiveError, OutOfMemory, FileNotFoundError,
-            PermissionError, OSError)
-
 
 @click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
@@ -98,7 +82,7 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
     """Train. Works as one process or under torchrun (reads RANK, WORLD_SIZE, ...)."""
     from train import preflight, rundir
     from train.config import load_config
-    from train.data import DataError
+    from train.errors import DataError
 
     if resume and overwrite:
         fail("--resume and --overwrite exclude each other", 2)
@@ -134,7 +118,7 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
         summary = run(job, out_dir, resume=resume, on_start=on_start)
     except (ConfigError, DataError) as exc:
         fail(str(exc), 2)
-    except _user_errors() as exc:
+    except RUNTIME_ERRORS as exc:
         if os.environ.get("TRAIN_DEBUG"):
             raise
         fail(str(exc), 1)

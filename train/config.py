@@ -17,19 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from launch.safety import InputError, YamlSyntaxError, excerpt, load_yaml_file, load_yaml_text, parse_finite_float
+from launch.errors import InputError, YamlSyntaxError
+from launch.safety import excerpt, load_yaml_file, load_yaml_text, parse_finite_float
 from train.comm.config import CommConfig
+from train.errors import ConfigError
 from train.models.presets import MODEL_PRESETS, ModelConfig
 from train.parallel.config import ParallelConfig
 from train.precision.config import Float8Config
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
-
-class ConfigError(InputError):
-    """A user error in the job configuration; the message names the key."""
 
 
 # Config fields are numbers a job can actually use: integers fit int64 and floats are finite.

@@ -26,15 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launch.safety import InputError, atomic_write, excerpt, read_bounded
+from launch.errors import InputError
+from launch.safety import atomic_write, excerpt, read_bounded
+from train.errors import DataError
 
 EMBEDDED_VOCAB = 256
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
-
-class DataError(InputError, RuntimeError):
-    """A problem with the training data that the user must fix (missing, truncated...):
-    bad input, so one line and exit 2."""
 
 
 def default_cache_dir() -> Path:

@@ -29,6 +29,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from train.console import rank_prefix
+from train.errors import CollectiveError
+
 
 @dataclass
 class DistInfo:
@@ -88,7 +91,7 @@ def env_int(name: str, default: int) -> int:
         return default
     value = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else -1  # ASCII digits only
     if value < 0:
-        from train.config import ConfigError
+        from train.errors import ConfigError
 
         raise ConfigError(f"environment {name}={raw!r}: expected an integer >= 0 (torchrun sets it)")
     return value
@@ -216,10 +219,6 @@ def current_op() -> str | None:
     return _current_op
 
 
-class CollectiveError(RuntimeError):
-    """A collective timed out or a peer rank disappeared; the message names the
-    operation, this rank and the step."""
-
 
 _PEER_GONE = ("connection closed", "connection reset", "broken pipe", "connection refused", "socket closed",
               "communicator was aborted", "by peer")
@@ -252,9 +251,6 @@ def collective_failure(exc: BaseException, info: DistInfo, timeout_s: int, step:
 
 # ----------------------------------------------------------------------------- preemption
 
-
-def _rank_tag() -> str:
-    return f"[rank {os.environ.get('RANK', '0')}] " if os.environ.get("WORLD_SIZE", "1") != "1" else ""
 
 
 def torchrun_kill_after_s() -> int | None:
@@ -354,19 +350,19 @@ class Preemption:
                 return
             self.requested = True
             self.at = time.monotonic()
-        print(f"{_rank_tag()}[train] {name} received; checkpointing after this step "
+        print(f"{rank_prefix()}[train] {name} received; checkpointing after this step "
               f"(exit within train.shutdown_grace_s={self.grace_s:g}s)", file=sys.stderr, flush=True)
         threading.Thread(target=self._expire, name="sigterm-grace", daemon=True).start()
 
     def _expire(self) -> None:
         time.sleep(self.grace_s)
         if self.checkpointed:
-            print(f"{_rank_tag()}[train] checkpoint written; still not exited {self.grace_s:g}s after SIGTERM, "
+            print(f"{rank_prefix()}[train] checkpoint written; still not exited {self.grace_s:g}s after SIGTERM, "
                   "forcing exit", file=sys.stderr, flush=True)
             code = 0
         else:
             where = f" (waiting in {_current_op})" if _current_op else ""
-            print(f"{_rank_tag()}error: SIGTERM: no checkpoint within train.shutdown_grace_s={self.grace_s:g}s"
+            print(f"{rank_prefix()}error: SIGTERM: no checkpoint within train.shutdown_grace_s={self.grace_s:g}s"
                   f"{where}; exiting without one, the previous complete checkpoint is kept",
                   file=sys.stderr, flush=True)
             code = 1

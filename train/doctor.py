@@ -48,7 +48,8 @@ def _profile_files() -> dict[str, Path]:
 def load_profile(name: str) -> dict:
     """``{"name", "model", "arch", "gpus_per_node", "memory_gb", "fp8", "nvlink"}`` from a
     profile YAML; raises ``KeyError`` naming the valid profiles when ``name`` is unknown."""
-    from launch.safety import InputError, load_yaml_file
+    from launch.errors import InputError
+    from launch.safety import load_yaml_file
 
     files = _profile_files()
     if name not in files:
@@ -420,7 +421,12 @@ def collect_system(check_nccl: bool = False) -> dict:
 
 def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | None, source: str,
                    torch_version: str) -> dict:
-    from train.memory import USABLE_FRACTION, norm_fp32_in_autocast, param_count, recommend
+    from train.memory import (
+        USABLE_FRACTION,
+        norm_fp32_in_autocast,
+        param_count,
+        recommend,
+    )
     from train.models.presets import MODEL_PRESETS
 
     cfg = MODEL_PRESETS[preset]
@@ -618,7 +624,7 @@ def _defaults(preset: str) -> tuple[int, int]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def doctor(preset, seq, batch, gpus, profile, check_nccl, measure, as_json) -> None:
     """Check GPUs, drivers, NCCL, FP8 support and libraries; estimate memory per GPU."""
-    from train.cli import fail
+    from train.console import fail
     from train.models.presets import MODEL_PRESETS
 
     if preset not in MODEL_PRESETS:

@@ -233,7 +233,7 @@ def _report(result: dict, v: dict, elapsed: float, json_path) -> None:
 def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_path) -> None:
     """Check every node (facts, per-node link bandwidth, all-reduce) before training. Run under torchrun."""
     from train.bench.comm import parse_size
-    from train.cli import fail
+    from train.console import fail
 
     try:
         size = parse_size(nbytes)

@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 from launch.safety import excerpt, reserved_path
-
-from train.config import ConfigError, JobConfig
+from train.config import JobConfig
+from train.errors import ConfigError
 from train.parallel.config import check_parallel, resolve_mesh
 from train.precision.fp8 import check_float8
 
@@ -122,7 +122,8 @@ def check_data(job: JobConfig) -> None:
     error before any directory, lock or process group exists."""
     if job.data.source != "file":
         return
-    from train.data import DataError, open_token_file
+    from train.data import open_token_file
+    from train.errors import DataError
 
     _, vocab = open_token_file(Path(job.data.path))
     if vocab > job.model.vocab_size:

@@ -44,6 +44,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from train.errors import PrepareError
+
 log = logging.getLogger("train.prepare")
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
@@ -54,9 +56,6 @@ BATCH_CHARS = 1 << 20  # characters handed to encode_batch at once
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 FORMAT = "hopper-train tokens v1"
 
-
-class PrepareError(Exception):
-    """Bad input the user must fix: one line, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -524,7 +523,13 @@ class _ProgressBar:
         if enabled and sys.stderr.isatty():
             try:
                 from rich.console import Console
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
             except ImportError:
                 return
             self.bar = Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(),
@@ -586,7 +591,7 @@ def data() -> None:
 @click.option("--keep-parts", is_flag=True, help="Keep OUT.parts/ after merging.")
 def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, online, keep_parts) -> None:
     """Tokenize text, JSONL, Parquet or datasets into a token file for data.source=file."""
-    from train.cli import fail
+    from train.console import fail
 
     logging.basicConfig(level=logging.INFO, format="[prepare] %(message)s", stream=sys.stderr)
     try:

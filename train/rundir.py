@@ -30,8 +30,10 @@ from pathlib import Path
 
 import yaml
 
-from launch.safety import InputError, atomic_write, excerpt, load_yaml_file
-from train.config import ConfigError, JobConfig
+from launch.errors import InputError
+from launch.safety import atomic_write, excerpt, load_yaml_file
+from train.config import JobConfig
+from train.errors import ConfigError, RunDirBusy
 
 LOCK_NAME = ".train.lock"
 CONFIG_NAME = "config.yaml"
@@ -44,9 +46,6 @@ RESUME_SAFE_KEYS = (
     "checkpoint.", "metrics.", "data.cache_dir",
 )
 
-
-class RunDirBusy(ConfigError):
-    """Another run holds the run directory."""
 
 
 def _now() -> str:

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from train import dist as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
-from train.config import ConfigError
 from train.data import ShardInfo, build_loader
+from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.metrics import MetricsLogger, StepTimer, peak_memory_gib
@@ -28,11 +28,6 @@ from train.parallel import Parallelized, parallelize
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.trace import StepTracer, parse_window, phase
-
-
-class NonFiniteLossError(RuntimeError):
-    """Loss or gradient norm became NaN/Inf; the message names the step."""
-
 
 # What a rank waits on during forward/backward, per strategy (named in timeout errors).
 _GRAD_SYNC = {
@@ -401,7 +396,12 @@ class _Progress:
         self.bar = None
         if enabled and sys.stdout.isatty():
             try:
-                from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+                from rich.progress import (
+                    BarColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
             except ImportError:
                 return
             self.bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -417,9 +417,6 @@ class _Progress:
         if self.bar:
             self.bar.stop()
 
-
-class OutOfMemory(RuntimeError):
-    """An allocation failed (GPU or host); the message names the sizes to change."""
 
 
 def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMemory | None:

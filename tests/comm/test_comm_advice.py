@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from train.comm import advice
-from train.config import ConfigError, load_config
+from train.errors import ConfigError
+from train.config import load_config
 
 
 def test_rho_matches_the_measured_socket_link():

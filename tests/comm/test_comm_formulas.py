@@ -6,7 +6,8 @@ from train.bench.comm import parse_size, size_range
 from train.bench.compression import timing_window, variant_overrides
 from train.comm.bandwidth import OPS, algbw, bus_factor, busbw
 from train.comm.links import LINKS, emulate_link
-from train.config import ConfigError, load_config
+from train.errors import ConfigError
+from train.config import load_config
 
 
 @pytest.mark.parametrize("n,ar,gather", [(2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])

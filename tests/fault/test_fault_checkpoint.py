@@ -19,7 +19,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from dist_utils import ROOT, train_cli
-from train.checkpoint import CheckpointError, CheckpointManager, rng_state, set_rng_state, verify
+from train.errors import CheckpointError
+from train.checkpoint import CheckpointManager, rng_state, set_rng_state, verify
 from train.config import ModelConfig
 from train.dist import DistInfo
 from train.models.llama import Transformer

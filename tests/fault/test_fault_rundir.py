@@ -111,7 +111,7 @@ def test_concurrent_runs_sigint_and_resume(tmp_path):
 def test_stale_lock_rules(tmp_path):
     """Stale only when provably dead: same host and the pid gone (or reused), or a restart
     of the same torchrun job; a live pid or another host is honoured."""
-    from train.config import ConfigError
+    from train.errors import ConfigError
     from train.rundir import LOCK_NAME, RunLock
 
     host = socket.gethostname()

@@ -20,9 +20,7 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest

@@ -109,7 +109,8 @@ def test_output_regular_file_replaced_whole(tmp_path):
     ("a: 1\n---\nb: 2\n", "malformed YAML"),
 ])
 def test_yaml_bounds_answer_at_once(text, message):
-    from launch.safety import InputError, load_yaml_text
+    from launch.errors import InputError
+    from launch.safety import load_yaml_text
 
     t0 = time.monotonic()
     with pytest.raises(InputError, match=message):

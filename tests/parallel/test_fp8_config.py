@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from dist_utils import train_cli
-from train.config import ConfigError, load_config
+from train.errors import ConfigError
+from train.config import load_config
 from train.precision.fp8 import float8_problem
 
 

@@ -3,7 +3,8 @@ import dataclasses
 import pytest
 
 from dist_utils import train_cli
-from train.config import ConfigError, load_config, parse_overrides
+from train.errors import ConfigError
+from train.config import load_config, parse_overrides
 from train.models.presets import MODEL_PRESETS
 from train.parallel.config import resolve_mesh
 from train.preflight import check_job

@@ -21,7 +21,6 @@ machinery does not distort the number.
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import sys
@@ -275,7 +274,7 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
              raw, emulate_link, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> None:
     """Collective bandwidth sweep (nccl-tests style) + P2P matrix. Run under torchrun."""
     from train.bench.report import check_report
-    from train.cli import fail
+    from train.console import fail
 
     try:
         check_report(out_dir, name or "comm")
@@ -313,7 +312,8 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     from train import dist as tdist
     from train.bench.compression import have_matplotlib
     from train.bench.report import environment_meta, write_report
-    from train.comm.links import emulate_link as apply_link, nccl_environment
+    from train.comm.links import emulate_link as apply_link
+    from train.comm.links import nccl_environment
 
     try:
         apply_link(emulate_link)
@@ -355,9 +355,9 @@ def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
     """Print (and with --apply, write) the choice of train.comm.advice for the measured link."""
     import json
 
-    from train.cli import fail
     from train.comm import advice
-    from train.config import ConfigError
+    from train.console import fail
+    from train.errors import ConfigError
 
     ar = [r for r in rows if r["op"] == "all_reduce" and r.get("busbw_GBps")]
     if not ar:

@@ -27,9 +27,10 @@ import sys
 from pathlib import Path
 
 import click
+import torch
 
 from launch.safety import excerpt, parse_ascii_int, parse_finite_float
-import torch
+
 
 def have_matplotlib() -> bool:
     """Charts are optional: a machine without matplotlib still gets JSON and Markdown."""
@@ -137,10 +138,10 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
                     out_dir, runs_dir, name, overrides) -> None:
     """Step time, bytes, exposed comm and loss for each gradient-communication scheme."""
     from train import preflight
-    from train.cli import fail
-    from train.config import CONFIG_DIR, ConfigError, load_config
-
     from train.bench.report import check_report
+    from train.config import CONFIG_DIR, load_config
+    from train.console import fail
+    from train.errors import ConfigError
 
     check_report(out_dir, name or "compression")
     try:
@@ -175,7 +176,8 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
 
     from train import dist as tdist
     from train.bench.report import environment_meta, write_report
-    from train.comm.links import emulate_link as apply_link, nccl_environment
+    from train.comm.links import emulate_link as apply_link
+    from train.comm.links import nccl_environment
 
     try:
         apply_link(emulate_link)

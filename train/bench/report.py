@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,7 +33,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII)
 def check_report(out_dir, name: str) -> Path:
     """Before any work: ``--name`` is a plain file name (no path, no '..', no option) and
     ``--out`` can hold NAME.json/.md/.png (regular files only: never a FIFO or symlink)."""
-    from train.config import ConfigError
+    from train.errors import ConfigError
     from train.preflight import check_out_dir
 
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from launch.safety import excerpt, load_yaml_file, parse_ascii_int
-from train.config import ConfigError
+from train.errors import ConfigError
 
 STRATEGIES = {
     "ddp": ["parallel.strategy=ddp"],
@@ -212,7 +212,8 @@ def _first_line(exc: BaseException) -> str:
 def run_point(point: dict, info) -> dict:
     """Build a Trainer for ``point``, run warm-up + timed steps; one report row."""
     from train import preflight
-    from train.config import ConfigError, load_config
+    from train.config import load_config
+    from train.errors import ConfigError
     from train.trainer import Trainer
 
     row = {k: point[k] for k in GRID_KEYS}

@@ -127,7 +127,8 @@ def apply_to_config(path, advice: Advice) -> None:
 
     import yaml
 
-    from train.config import ConfigError, load_config
+    from train.config import load_config
+    from train.errors import ConfigError
 
     path = Path(path)
     data: dict = {}

@@ -34,7 +34,7 @@ class CommConfig:
     measure: bool = False  # per-step comm_bytes and exposed_comm_ms in metrics.jsonl
 
     def validate(self) -> None:
-        from train.config import ConfigError
+        from train.errors import ConfigError
 
         if self.hook not in HOOKS:
             raise ConfigError(f"comm.hook: must be one of {', '.join(HOOKS)}, got {self.hook!r}")

@@ -9,7 +9,10 @@ the parameters are averaged across ranks. Between averages the ranks' models dif
 
 from __future__ import annotations
 
-from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+    PostLocalSGDState,
+    post_localSGD_hook,
+)
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 

@@ -36,7 +36,7 @@ class ModelConfig:
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
     def validate(self) -> None:
-        from train.config import ConfigError
+        from train.errors import ConfigError
 
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len", "multiple_of"):
             if getattr(self, name) <= 0:

@@ -20,7 +20,10 @@ from collections import defaultdict
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
 
 
 def _save_list() -> set:
@@ -43,7 +46,10 @@ def _save_list() -> set:
 
 
 def _op_context():
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        create_selective_checkpoint_contexts,
+    )
 
     save = _save_list()
     mm = torch.ops.aten.mm.default

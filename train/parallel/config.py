@@ -38,7 +38,7 @@ class ParallelConfig:
     compile_backend: str = "inductor"  # inductor | aot_eager (debugging: traces, no code generation)
 
     def validate(self) -> None:
-        from train.config import ConfigError
+        from train.errors import ConfigError
 
         if self.strategy not in ("ddp", "fsdp"):
             raise ConfigError(f"parallel.strategy: must be ddp or fsdp, got {self.strategy!r}")
@@ -73,7 +73,7 @@ class ParallelConfig:
 def resolve_mesh(cfg: ParallelConfig, world_size: int, n_heads: int, n_kv_heads: int) -> tuple[int, int, int]:
     """(dp_replicate, dp_shard, tp) for ``world_size`` ranks, or a ConfigError naming the
     culprit. Pure arithmetic: called before any process group or tensor exists."""
-    from train.config import ConfigError
+    from train.errors import ConfigError
 
     dims = {"dp_replicate": cfg.dp_replicate, "dp_shard": cfg.dp_shard, "tp": cfg.tp}
     if cfg.strategy == "ddp":
@@ -108,7 +108,7 @@ def resolve_mesh(cfg: ParallelConfig, world_size: int, n_heads: int, n_kv_heads:
 
 def check_parallel(job, world_size: int) -> None:
     """Preflight checks of the parallel section that need the model or the precision."""
-    from train.config import ConfigError
+    from train.errors import ConfigError
 
     pcfg = job.parallel
     _, dp_shard, tp = resolve_mesh(pcfg, world_size, job.model.n_heads, job.model.kv_heads)

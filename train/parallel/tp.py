@@ -39,7 +39,10 @@ def _linear_style(module: nn.Module, kind: str, **kwargs):
     """torchao's float8 style for a tensorwise ``Float8Linear`` (its all-gathers move
     float8 data), torch's otherwise (layers the FP8 filter kept in high precision)."""
     if _is_float8_tensorwise(module):
-        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+        )
 
         return (Float8ColwiseParallel if kind == "col" else Float8RowwiseParallel)(**kwargs)
     return (ColwiseParallel if kind == "col" else RowwiseParallel)(**kwargs)

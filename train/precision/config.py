@@ -26,7 +26,7 @@ class Float8Config:
         return self.recipe
 
     def validate(self) -> None:
-        from train.config import ConfigError
+        from train.errors import ConfigError
 
         if self.backend != "none" and self.backend not in RECIPES:
             raise ConfigError(f"fp8.backend: must be none, torchao or te, got {self.backend!r}")

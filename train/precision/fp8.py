@@ -89,7 +89,7 @@ def _local_capability(device_pref: str) -> tuple[int, int] | None:
 
 def check_float8(job, world_size: int) -> None:
     """Preflight (no process group yet): raise ConfigError when FP8 cannot run here."""
-    from train.config import ConfigError
+    from train.errors import ConfigError
     from train.parallel.config import resolve_mesh
 
     cfg = job.fp8

@@ -64,7 +64,10 @@ def convert(model: nn.Module, recipe: str, tp: int = 1, fsdp_float8_all_gather: 
 
 
 def _convert_mxfp8(model: nn.Module, tp: int) -> nn.Module:
-    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+    from torchao.prototype.moe_training.config import (
+        MXFP8TrainingOpConfig,
+        MXFP8TrainingRecipe,
+    )
     from torchao.quantization import quantize_
 
     config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL)

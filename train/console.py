@@ -1,0 +1,56 @@
+"""Console output of ``train``: one ``logging`` setup with one rank-aware formatter.
+
+Every module logs through ``logging.getLogger(__name__)``; ``setup()`` (called once by the
+command line) sends records to stderr, prefixed ``[rank N]`` when the world has more than one
+rank. ``fail`` is the one way a command reports a user error: one line, then exit.
+A leaf module: it imports nothing of ``train`` (only ``launch.safety`` for one-line text).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from launch.safety import one_line
+
+ROOT_LOGGER = "train"
+
+
+def rank_prefix() -> str:
+    """``[rank N] `` under a multi-rank launcher, else empty (torchrun's RANK/WORLD_SIZE)."""
+    if os.environ.get("WORLD_SIZE", "1") == "1":
+        return ""
+    return f"[rank {one_line(os.environ.get('RANK', '0'), 20)}] "
+
+
+class RankFormatter(logging.Formatter):
+    """``[rank N] message`` for INFO, ``[rank N] warning: message`` above it; one line each."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return rank_prefix() + text
+
+
+def setup(level: int | str | None = None) -> None:
+    """Route the ``train`` loggers to stderr once (level from ``TRAIN_LOG_LEVEL``, default INFO)."""
+    logger = logging.getLogger(ROOT_LOGGER)
+    if any(getattr(h, "_train_console", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RankFormatter())
+    handler._train_console = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(level or os.environ.get("TRAIN_LOG_LEVEL", "INFO").upper())
+    logger.propagate = False
+
+
+def fail(msg: str, code: int) -> None:
+    """Print ``error: msg`` on one line (rank-prefixed) and exit with ``code``."""
+    sys.stderr.write(f"{rank_prefix()}error: {one_line(msg)}\n")
+    sys.stderr.flush()
+    sys.exit(code)
