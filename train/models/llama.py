@@ -70,11 +70,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, seq, hd)
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:  # grouped-query attention: share each KV head across `rep` query heads
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # grouped-query attention: the kernel shares each KV head across its query heads,
+        # so the repeated K/V are never materialised (nor saved for backward)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         out = out.transpose(1, 2).reshape(bsz, seq, -1)
         return self.wo(out)
 
