@@ -1,8 +1,8 @@
 """``launch``: describe a training job once, get launchers that fit the hardware.
 
-Only click and the tiny ``spec`` module are imported at start-up; Jinja, YAML and
-the renderers load inside the commands, so ``launch --help`` stays fast and torch
-is never imported.
+Only click and the leaf modules ``defaults``, ``errors`` and ``safety`` are imported at
+start-up; the spec, Jinja, YAML and the backends (``launch.backends``) load inside the
+commands, so ``launch --help`` stays fast and torch is never imported.
 """
 
 from __future__ import annotations
