@@ -63,7 +63,7 @@ test-cluster: setup  ## deployment tests as root: emulated cluster (netns nodes:
 	CONTAINER_CI_LAUNCH_TESTS='$(CLUSTER_PODMAN_TESTS)' bash scripts/container_test.sh
 
 render-k8s: setup  ## re-render the committed Kubernetes manifests under k8s/ (TrainJob, runtimes, PyTorchJob, ComputeDomain)
-	$(PY) -m launch.render_examples
+	$(PY) scripts/render_examples.py
 
 clean-venv:  ## remove .venv
 	rm -rf $(VENV)

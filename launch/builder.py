@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launch import catalog
+from launch import catalog, defaults
 from launch.spec import (
     JobSpec,
     NetworkOverrides,
@@ -31,8 +31,6 @@ from launch.spec import (
     torchrun_max_restarts,
 )
 
-IMAGE_REPOSITORY = "hopper-train"
-
 
 @dataclass
 class Built:
@@ -41,7 +39,7 @@ class Built:
 
 
 def default_image(profile: catalog.Profile) -> str:
-    return f"{IMAGE_REPOSITORY}:{profile.image_target}"
+    return f"{defaults.IMAGE_REPOSITORY}:{profile.image_target}"
 
 
 def build(o: dict) -> Built:
@@ -57,14 +55,7 @@ def build(o: dict) -> Built:
     fabric = catalog.load_fabric(fabric_name)
     catalog.check_compatible(profile, fabric, nodes.multi_node)
 
-    nproc = profile.gpus_per_node if o["nproc_per_node"] is None else o["nproc_per_node"]
-    nproc = parse_positive_int("--nproc-per-node", nproc)
-    if nproc > profile.gpus_per_node:
-        warnings.append(
-            f"--nproc-per-node {nproc} exceeds the {profile.gpus_per_node} GPUs per node of "
-            f"profile {profile.name!r}"
-        )
-
+    nproc = _nproc_per_node(o["nproc_per_node"], profile, warnings)
     name = parse_name(o["name"])
     image = parse_image(default_image(profile) if o["image"] is None else o["image"],
                         enroot=o.get("image_syntax") == "enroot")
@@ -108,12 +99,22 @@ def build(o: dict) -> Built:
     return Built(spec, warnings)
 
 
+def _nproc_per_node(value: int | None, profile: catalog.Profile, warnings: list[str]) -> int:
+    nproc = parse_positive_int("--nproc-per-node", profile.gpus_per_node if value is None else value)
+    if nproc > profile.gpus_per_node:
+        warnings.append(
+            f"--nproc-per-node {nproc} exceeds the {profile.gpus_per_node} GPUs per node of "
+            f"profile {profile.name!r}"
+        )
+    return nproc
+
+
 def _preflight(o: dict) -> Preflight:
     fraction = o.get("preflight_min_fraction")
     busbw = o.get("preflight_busbw")
     enabled = bool(o.get("preflight"))
     if fraction is None:
-        fraction = 0.5
+        fraction = defaults.PREFLIGHT_MIN_FRACTION
     elif not 0 < fraction <= 1:
         raise SpecError(f"--preflight-min-fraction {fraction!r}: must be in (0, 1]")
     if busbw is not None and not busbw > 0:

@@ -1,25 +1,19 @@
 """``launch``: describe a training job once, get launchers that fit the hardware.
 
-Only click and the tiny ``spec`` module are imported at start-up; Jinja, YAML and
-the renderers load inside the commands, so ``launch --help`` stays fast and torch
-is never imported.
+Only click and the leaf modules ``defaults``, ``errors`` and ``safety`` are imported at
+start-up; the spec, Jinja, YAML and the backends (``launch.backends``) load inside the
+commands, so ``launch --help`` stays fast and torch is never imported.
 """
 
 from __future__ import annotations
 
-import shlex
 import sys
 
 import click
 
+from launch import defaults
 from launch.errors import InputError, SpecError
 from launch.safety import StrictFloat, StrictInt, harden_click, one_line
-from launch.spec import (
-    DEFAULT_CHECKPOINT_DIR,
-    DEFAULT_ENTRYPOINT,
-    DEFAULT_GRACE_PERIOD_S,
-    DEFAULT_RDZV_PORT,
-)
 
 PROG = "launch"
 _ARGV: list[str] = []  # the invocation, echoed into the generated files' header
@@ -27,6 +21,8 @@ _ARGV: list[str] = []  # the invocation, echoed into the generated files' header
 
 def _command_line() -> str:
     """The invocation minus ``-o FILE``: the same output whatever file it is written to."""
+    from launch.render import command_line
+
     shown, tokens = [], iter(_ARGV)
     for token in tokens:
         if token == "--":
@@ -38,7 +34,7 @@ def _command_line() -> str:
             continue
         else:
             shown.append(token)
-    return shlex.join([PROG, *shown])
+    return command_line([PROG, *shown])
 
 
 def _warn(message: str) -> None:
@@ -51,7 +47,7 @@ def _warn(message: str) -> None:
 def job_options(func):
     """The job description: the same option names on every subcommand."""
     options = [
-        click.option("--profile", default="generic", show_default=True, metavar="NAME|FILE.yaml",
+        click.option("--profile", default=defaults.PROFILE, show_default=True, metavar="NAME|FILE.yaml",
                      help="Hardware profile (see `launch profiles`)."),
         click.option("--fabric", default=None, metavar="NAME|FILE.yaml",
                      help="Network fabric; default from the profile (single-node or multi-node)."),
@@ -59,17 +55,17 @@ def job_options(func):
                      help="Node count, or MIN:MAX for an elastic job."),
         click.option("--nproc-per-node", type=StrictInt(1, 4096), default=None, metavar="N",
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
-        click.option("--image", default=None, help="Container image; default hopper-train:<image target>."),
+        click.option("--image", default=None, help=f"Container image; default {defaults.IMAGE_REPOSITORY}:<image target>."),
         click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
         click.option("-o", "--output", default=None, metavar="FILE",
                      help="Write here (atomically) instead of stdout."),
         click.option("--rdzv-endpoint", default=None, metavar="HOST[:PORT]",
                      help="c10d rendezvous host for multi-node torchrun/docker scripts."),
-        click.option("--rdzv-port", type=StrictInt(1, 65535), default=DEFAULT_RDZV_PORT, show_default=True),
+        click.option("--rdzv-port", type=StrictInt(1, 65535), default=defaults.RDZV_PORT, show_default=True),
         click.option("--rdzv-id", default=None, help="Rendezvous id; default: the job name."),
         click.option("--max-restarts", type=StrictInt(0, 1000), default=None,
-                     help="torchrun worker-group restarts; default 0, or 3 for elastic jobs."),
-        click.option("--entrypoint", default=DEFAULT_ENTRYPOINT, show_default=True,
+                     help=f"torchrun worker-group restarts; default 0, or {defaults.ELASTIC_MAX_RESTARTS} for elastic jobs."),
+        click.option("--entrypoint", default=defaults.ENTRYPOINT, show_default=True,
                      help="Training program; arguments after `--` are appended unchanged."),
         click.option("--env", multiple=True, metavar="NAME=VALUE",
                      help="Extra environment (repeatable; each name once; NCCL_* names must be documented NCCL "
@@ -78,20 +74,21 @@ def job_options(func):
                      help="Accept NCCL_* names in --env/--env-secret that NCCL does not document."),
         click.option("--mount", multiple=True, metavar="SRC:DST[:ro]",
                      help="Host path to mount (docker, Slurm+pyxis)."),
-        click.option("--checkpoint-dir", default=DEFAULT_CHECKPOINT_DIR, show_default=True,
+        click.option("--checkpoint-dir", default=defaults.CHECKPOINT_DIR, show_default=True,
                      help="Checkpoint directory inside the job (mounted volume / shared FS)."),
         click.option("--cpus", default=None, help="CPUs per node (k8s request, Slurm --cpus-per-task)."),
         click.option("--memory", default=None, help="Memory per node, k8s quantity (e.g. 512Gi)."),
         click.option("--nccl-debug", default=None, metavar="LEVEL", help="NCCL_DEBUG (VERSION|WARN|INFO|TRACE)."),
         click.option("--nccl-debug-subsys", default=None, metavar="LIST", help="NCCL_DEBUG_SUBSYS filter."),
-        click.option("--flight-recorder", type=StrictInt(1, 10_000_000), default=None, is_flag=False, flag_value=2000,
+        click.option("--flight-recorder", type=StrictInt(1, 10_000_000), default=None, is_flag=False,
+                     flag_value=defaults.FLIGHT_RECORDER_ENTRIES,
                      metavar="[N]", help="Torch flight recorder: keep N collectives, dump on timeout."),
         click.option("--p2p-broken", is_flag=True,
                      help="PCIe P2P is broken here (IOMMU/ACS): set NCCL_P2P_DISABLE=1."),
         click.option("--socket-ifname", default=None, help="NCCL_SOCKET_IFNAME (e.g. =eth1)."),
         click.option("--ib-hca", default=None, help="NCCL_IB_HCA (e.g. =mlx5_0,mlx5_1)."),
         click.option("--ib-gid-index", default=None, help="NCCL_IB_GID_INDEX (RoCE)."),
-        click.option("--grace-period", type=StrictInt(30, 7 * 24 * 3600), default=DEFAULT_GRACE_PERIOD_S,
+        click.option("--grace-period", type=StrictInt(30, 7 * 24 * 3600), default=defaults.GRACE_PERIOD_S,
                      show_default=True,
                      help="Seconds between SIGTERM and SIGKILL (checkpoint on preemption)."),
         click.option("--preflight", is_flag=True,
@@ -99,7 +96,7 @@ def job_options(func):
                           "bandwidth, all-reduce vs the fabric's declared busbw); the job stops, naming the "
                           "slow or broken node, when one is below --preflight-min-fraction. Off by default."),
         click.option("--preflight-min-fraction", type=StrictFloat(0.0), default=None, metavar="F",
-                     help="Fraction of the expected bandwidth a node must reach (default 0.5)."),
+                     help=f"Fraction of the expected bandwidth a node must reach (default {defaults.PREFLIGHT_MIN_FRACTION:g})."),
         click.option("--preflight-busbw", type=StrictFloat(0.0), default=None, metavar="GB/s",
                      help="Expected all-reduce busbw instead of the fabric YAML's busbw_GBps."),
         click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- TRAIN_ARGS...]"),
@@ -110,15 +107,17 @@ def job_options(func):
 
 
 def _prepare(options: dict):
-    """Spec + environment, warnings printed; errors surface as SpecError."""
+    """What every backend renders (``backends.base.Job``: spec, environment, command line),
+    warnings printed; errors surface as SpecError."""
     from launch import builder, envplan, output
+    from launch.backends.base import Job
 
     output.check_target(options.get("output"))
     built = builder.build(options)
     plan = envplan.build_env(built.spec)
     for message in built.warnings + list(plan.warnings):
         _warn(message)
-    return built.spec, plan
+    return Job(built.spec, plan, _command_line())
 
 
 def _emit(text: str, options: dict, executable: bool) -> None:
@@ -158,11 +157,10 @@ VENV_OPTION = click.option("--venv", default=None, metavar="DIR",
 @VENV_OPTION
 def torchrun_cmd(**options):
     """Bash script running torchrun (standalone, or c10d rendezvous on every node)."""
-    from launch import scripts
+    from launch.backends import torchrun
 
-    venv = scripts.parse_venv(options.pop("venv"))
-    spec, plan = _prepare(options)
-    _emit(scripts.torchrun_script(spec, plan, _command_line(), venv), options, executable=True)
+    opts = torchrun.TorchrunOptions.parse(options.pop("venv"))
+    _emit(torchrun.render_job(_prepare(options), opts), options, executable=True)
 
 
 @cli.command("docker")
@@ -176,14 +174,13 @@ def docker_cmd(**options):
     the job, creates the checkpoint directory writable for the container and passes
     LAUNCH_ENGINE_FLAGS to the engine; see docs/launch.md.
     """
-    from launch import scripts
+    from launch.backends import docker
 
-    job, extra = _job_keys(options, ("cpu",))
-    spec, plan = _prepare(job)
-    for message in scripts.docker_warnings(spec):
+    options, extra = _job_keys(options, ("cpu",))
+    job = _prepare(options)
+    for message in docker.docker_warnings(job.spec):
         _warn(message)
-    _emit(scripts.docker_script(spec, plan, _command_line(), scripts.DockerOptions(cpu=extra["cpu"])), job,
-          executable=True)
+    _emit(docker.render_job(job, docker.DockerOptions(cpu=extra["cpu"])), options, executable=True)
 
 
 SLURM_KEYS = ("partition", "account", "time", "pyxis", "gpu_gres", "venv")
@@ -195,19 +192,18 @@ SLURM_KEYS = ("partition", "account", "time", "pyxis", "gpu_gres", "venv")
 @click.option("--account", default=None)
 @click.option("--time", default=None, help="Wall-clock limit, Slurm syntax (e.g. 24:00:00).")
 @click.option("--pyxis", is_flag=True, help="Run inside --image with pyxis/enroot (srun --container-image).")
-@click.option("--gpu-gres", default="gpu", show_default=True, metavar="NAME|none",
+@click.option("--gpu-gres", default=defaults.SLURM_GPU_GRES, show_default=True, metavar="NAME|none",
               help="GPU request: gpu (--gpus-per-node), another GRES such as gpu:h100 (--gres), "
                    "or none (CPU-only cluster).")
 @VENV_OPTION
 def slurm_cmd(**options):
     """sbatch script: one task per node running torchrun, rendezvous on the first node."""
-    from launch import scripts
+    from launch.backends import slurm
 
-    job, extra = _job_keys(options, SLURM_KEYS)
-    opts = scripts.SlurmOptions.parse(**extra)
-    job["image_syntax"] = "enroot" if opts.pyxis else "oci"
-    spec, plan = _prepare(job)
-    _emit(scripts.slurm_script(spec, plan, _command_line(), opts), job, executable=True)
+    options, extra = _job_keys(options, SLURM_KEYS)
+    opts = slurm.SlurmOptions.parse(**extra)
+    options["image_syntax"] = "enroot" if opts.pyxis else "oci"
+    _emit(slurm.render_job(_prepare(options), opts), options, executable=True)
 
 
 K8S_KEYS = ("namespace", "pvc", "shm_size", "rdma_resource", "queue", "gang", "image_pull_secret",
@@ -219,8 +215,8 @@ def k8s_options(func):
     """Kubernetes options shared by `launch k8s` and `launch k8s-runtime`."""
     options = [
         click.option("--namespace", default=None),
-        click.option("--pvc", default="checkpoints", show_default=True, help="PersistentVolumeClaim for --checkpoint-dir."),
-        click.option("--shm-size", default="64Gi", show_default=True, help="Size limit of the memory-backed /dev/shm."),
+        click.option("--pvc", default=defaults.K8S_PVC, show_default=True, help="PersistentVolumeClaim for --checkpoint-dir."),
+        click.option("--shm-size", default=defaults.K8S_SHM_SIZE, show_default=True, help="Size limit of the memory-backed /dev/shm."),
         click.option("--rdma-resource", default=None, metavar="DOMAIN/NAME[=COUNT]",
                      help="RDMA device-plugin resource; default from the fabric."),
         click.option("--queue", default=None, help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name on the job)."),
@@ -230,9 +226,9 @@ def k8s_options(func):
         click.option("--image-pull-secret", multiple=True, help="Registry credentials Secret name (repeatable)."),
         click.option("--node-selector", multiple=True, metavar="KEY=VALUE"),
         click.option("--pod-annotation", multiple=True, metavar="KEY=VALUE", help="E.g. a Multus network for RoCE."),
-        click.option("--backoff-limit", type=StrictInt(0, 1000), default=3, show_default=True,
+        click.option("--backoff-limit", type=StrictInt(0, 1000), default=defaults.K8S_BACKOFF_LIMIT, show_default=True,
                      help="PyTorchJob runPolicy.backoffLimit / runtime JobSet failurePolicy.maxRestarts."),
-        click.option("--ttl-seconds", type=StrictInt(0, 2**31 - 1), default=7 * 24 * 3600, show_default=True,
+        click.option("--ttl-seconds", type=StrictInt(0, 2**31 - 1), default=defaults.K8S_TTL_S, show_default=True,
                      help="Seconds a finished job is kept (ttlSecondsAfterFinished)."),
         click.option("--env-secret", multiple=True, metavar="NAME=SECRET:KEY", help="Env var from a Secret key."),
         click.option("--runtime", default=None, metavar="NAME",
@@ -247,22 +243,22 @@ def k8s_options(func):
 
 
 def _k8s_prepare(options: dict):
-    from launch import k8s
+    from launch.backends import k8s_options
 
-    job, extra = _job_keys(options, K8S_KEYS + tuple(k for k in ("api",) if k in options))
-    opts = k8s.parse_options(
+    options, extra = _job_keys(options, K8S_KEYS + tuple(k for k in ("api",) if k in options))
+    opts = k8s_options.parse_options(
         extra["namespace"], extra["pvc"], extra["shm_size"], extra["rdma_resource"], extra["queue"],
         extra["gang"], extra["image_pull_secret"], extra["node_selector"], extra["pod_annotation"],
         extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"], api=extra.get("api"),
         runtime=extra["runtime"], compute_domain=extra["compute_domain"],
-        allow_undocumented_nccl=job["allow_undocumented_nccl"],
+        allow_undocumented_nccl=options["allow_undocumented_nccl"],
     )
-    spec, plan = _prepare(job)
-    if spec.mounts:
+    job = _prepare(options)
+    if job.spec.mounts:
         _warn("k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead")
-    for message in k8s.secret_warnings(spec):
+    for message in k8s_options.secret_warnings(job.spec):
         _warn(message)
-    return job, spec, plan, opts
+    return options, job, opts
 
 
 @cli.command("k8s")
@@ -274,16 +270,16 @@ def _k8s_prepare(options: dict):
                    "no elastic mode).")
 def k8s_cmd(**options):
     """Kubeflow TrainJob (Trainer v2) or PyTorchJob (training-operator v1) manifest."""
-    from launch import k8s
+    from launch.backends import k8s_options, pytorchjob, trainjob
 
-    job, spec, plan, opts = _k8s_prepare(options)
-    if k8s.resolve_api(spec, opts) == "pytorchjob":
+    options, job, opts = _k8s_prepare(options)
+    if k8s_options.resolve_api(job.spec, opts) == "pytorchjob":
         if opts.runtime:
             raise SpecError("--runtime names a Trainer v2 runtime; it does not apply to --api pytorchjob")
-        text = k8s.pytorchjob(spec, plan, _command_line(), opts)
+        text = pytorchjob.render_job(job, opts)
     else:
-        text = k8s.trainjob(spec, plan, _command_line(), opts)
-    _emit(text, job, executable=False)
+        text = trainjob.render_job(job, opts)
+    _emit(text, options, executable=False)
 
 
 @cli.command("k8s-runtime")
@@ -291,25 +287,24 @@ def k8s_cmd(**options):
 @k8s_options
 def k8s_runtime_cmd(**options):
     """Kubeflow Trainer v2 ClusterTrainingRuntime for a profile and fabric (what TrainJobs refer to)."""
-    from launch import k8s
+    from launch.backends import runtime
 
-    job, spec, _plan, opts = _k8s_prepare(options)
-    if spec.nodes.elastic:
+    options, job, opts = _k8s_prepare(options)
+    if job.spec.nodes.elastic:
         raise SpecError(
-            f"--nnodes {spec.nodes.torchrun_value}: Kubeflow Trainer v2 has no elastic mode; "
+            f"--nnodes {job.spec.nodes.torchrun_value}: Kubeflow Trainer v2 has no elastic mode; "
             "use `launch k8s --api pytorchjob`"
         )
-    _emit(k8s.cluster_runtime(spec, _command_line(), opts), job, executable=False)
+    _emit(runtime.render_job(job, opts), options, executable=False)
 
 
 @cli.command("env")
 @job_options
 def env_cmd(**options):
     """The environment alone, as commented `export NAME=VALUE` lines."""
-    from launch import scripts
+    from launch.backends import env
 
-    spec, plan = _prepare(options)
-    _emit(scripts.env_file(spec, plan, _command_line()), options, executable=False)
+    _emit(env.render_job(_prepare(options)), options, executable=False)
 
 
 @cli.command("run")
@@ -319,13 +314,13 @@ def run_cmd(**options):
     """Render the single-node torchrun script and execute it here."""
     import os
 
-    from launch import scripts
+    from launch.backends import torchrun
 
     dry_run = options.pop("dry_run")
-    spec, plan = _prepare(options)
-    if spec.nodes.multi_node:
+    job = _prepare(options)
+    if job.spec.nodes.multi_node:
         raise SpecError("`launch run` starts single-node jobs; use `launch torchrun` and run it on every node")
-    script = scripts.torchrun_script(spec, plan, _command_line())
+    script = torchrun.render_job(job)
     if dry_run or options.get("output"):
         _emit(script, options, executable=True)
         if dry_run:

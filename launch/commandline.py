@@ -1,6 +1,6 @@
 """torchrun argument vectors, shared by the shell backends and the Kubernetes manifest.
 
-Tokens are plain ``str`` (user data: always quoted when rendered) or ``Shell``
+Tokens are plain ``str`` (user data: always quoted when rendered) or ``launch.render.Shell``
 (a fragment the template author wrote, e.g. ``"$rdzv_endpoint"``, rendered as is).
 """
 
@@ -11,10 +11,6 @@ from pathlib import PurePosixPath
 from launch.spec import JobSpec
 
 PYTHONS = ("python", "python3")
-
-
-class Shell(str):
-    """A shell expression written by a template author, never by a user."""
 
 
 def program_args(entrypoint: tuple[str, ...]) -> list[str]:

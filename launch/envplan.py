@@ -13,19 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launch.envnames import NOT_NCCL
 from launch.errors import SpecError
 from launch.spec import JobSpec
-
-# Names copied around the internet that NCCL does not read (NCCL's env docs are the reference).
-NOT_NCCL = {
-    "NCCL_TIMEOUT": "NCCL has no timeout variable; use init_process_group(timeout=...) in torch",
-    "NCCL_IB_ENABLE": "NCCL uses IB by default; the documented switch is NCCL_IB_DISABLE",
-    "NCCL_P2P_ENABLE": "NCCL uses P2P by default; the documented switches are NCCL_P2P_DISABLE / NCCL_P2P_LEVEL",
-    "NCCL_ENABLE_NVLS": "not an NCCL variable; launch leaves NVLS to NCCL's auto-detection",
-    "NCCL_ASYNC_ERROR_HANDLING": "a torch setting, now TORCH_NCCL_ASYNC_ERROR_HANDLING",
-    "NCCL_BLOCKING_WAIT": "a torch setting, now TORCH_NCCL_BLOCKING_WAIT",
-    "NCCL_DESYNC_DEBUG": "a torch setting, now TORCH_NCCL_DESYNC_DEBUG",
-}
 
 NVLS_VARIABLE = "NCCL_NVLS_ENABLE"
 
@@ -37,7 +27,6 @@ NETWORK_OPTIONS = (
 )
 
 SHUTDOWN_MARGIN_S = 30
-FLIGHT_RECORDER_DEFAULT = 2000
 
 
 @dataclass(frozen=True)

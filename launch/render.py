@@ -8,6 +8,9 @@ author forgets a filter. The quoted forms never contain a line break or a contro
 character, so they are also safe inside ``#`` comments (a comment cannot end early and
 turn the rest of a value into code or markup).
 
+Every piece of shell quoting in ``launch`` is here: backends build plain ``str`` values
+(user data) and ``Shell`` fragments (their own shell code), never quote themselves.
+
 Filters (each returns ``Quoted``):
 
 * ``sh``      - one shell word: ``shlex.quote`` for printable text, ``$'...'`` (ANSI-C, every
@@ -27,7 +30,6 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-from launch.commandline import Shell
 from launch.errors import SpecError
 from launch.safety import excerpt
 
@@ -36,6 +38,11 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
 class Quoted(str):
     """Text already quoted/escaped for the output language: rendered as is."""
+
+
+class Shell(str):
+    """A shell expression written by a template author (e.g. ``"$rdzv_endpoint"``), never by a
+    user: rendered as is where a value would be quoted."""
 
 
 # YAML plain scalars left unquoted by the default: identifiers that YAML 1.1/1.2 cannot
@@ -80,6 +87,11 @@ def sh(token: object) -> Quoted:
 
 def shwords(tokens) -> Quoted:
     return Quoted(" ".join(sh(token) for token in tokens))
+
+
+def command_line(words) -> str:
+    """A command as the user would type it (POSIX shell words), for the provenance header."""
+    return shlex.join(words)
 
 
 def comment(text: object) -> Quoted:

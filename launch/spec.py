@@ -11,25 +11,18 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launch import defaults
+from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
 from launch.safety import reserved_path
 
-if TYPE_CHECKING:  # catalog imports this module at run time
+if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile
 
-DEFAULT_ENTRYPOINT = "python -m train run"
-DEFAULT_RDZV_PORT = 29400
-DEFAULT_CHECKPOINT_DIR = "/checkpoints"
-DEFAULT_GRACE_PERIOD_S = 300
-
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]", re.ASCII)
-
 
 
 @dataclass(frozen=True)
@@ -95,7 +88,7 @@ class Preflight:
     """``--preflight``: every node runs ``train preflight`` (one torchrun) before training."""
 
     enabled: bool = False
-    min_fraction: float = 0.5
+    min_fraction: float = defaults.PREFLIGHT_MIN_FRACTION
     busbw_GBps: float | None = None  # None: the fabric's declared busbw_GBps
 
 
@@ -113,12 +106,12 @@ class JobSpec:
     train_args: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     mounts: tuple[Mount, ...] = ()
-    checkpoint_dir: str = DEFAULT_CHECKPOINT_DIR
+    checkpoint_dir: str = defaults.CHECKPOINT_DIR
     resources: Resources = field(default_factory=Resources)
     debug: Debug = field(default_factory=Debug)
     network: NetworkOverrides = field(default_factory=NetworkOverrides)
     p2p_broken: bool = False
-    grace_period_s: int = DEFAULT_GRACE_PERIOD_S
+    grace_period_s: int = defaults.GRACE_PERIOD_S
     allow_undocumented_nccl: bool = False
     preflight: Preflight = field(default_factory=Preflight)
 
@@ -182,38 +175,6 @@ def parse_env_pairs(values: tuple[str, ...] | list[str], allow_undocumented_nccl
         pairs.append((name, val))
     check_unique_env(name for name, _ in pairs)
     return tuple(pairs)
-
-
-@lru_cache(maxsize=1)
-def documented_nccl() -> frozenset[str]:
-    """NCCL's documented variables (``launch/nccl_documented_env.txt``)."""
-    text = (Path(__file__).resolve().parent / "nccl_documented_env.txt").read_text(encoding="utf-8")
-    return frozenset(ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
-
-
-def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False) -> str:
-    """A valid identifier; an ``NCCL_*`` name must be one NCCL documents (NCCL ignores a
-    misspelt name silently) unless explicitly allowed."""
-    from launch.envplan import NOT_NCCL
-
-    if not _ENV_NAME.fullmatch(name) or len(name) > 255:
-        raise SpecError(f"{option} {name!r}: {name!r} is not a valid environment variable name")
-    if name in NOT_NCCL:
-        raise SpecError(f"{name} is not an NCCL variable: {NOT_NCCL[name]}")
-    if name.startswith("NCCL_") and name not in documented_nccl() and not allow_undocumented_nccl:
-        raise SpecError(
-            f"{option} {name}: not a documented NCCL variable (see launch/nccl_documented_env.txt); "
-            "pass --allow-undocumented-nccl to set it anyway"
-        )
-    return name
-
-
-def check_unique_env(names) -> None:
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise SpecError(f"environment variable {name} is given twice (--env / --env-secret)")
-        seen.add(name)
 
 
 def parse_entrypoint(value: str) -> tuple[str, ...]:
@@ -350,14 +311,14 @@ def parse_debug(level: str | None, subsys: str | None, fr_entries: int | None) -
     return Debug(level.upper() if level else None, subsys, fr_entries)
 
 
-_SAFE_TOKEN = re.compile(r"[A-Za-z0-9=^_.,:/+@-]+")
+SAFE_TOKEN = re.compile(r"[A-Za-z0-9=^_.,:/+@-]+")
 
 
 def parse_safe_token(option: str, value: str | None) -> str | None:
     """Values that end up in line-oriented places (#SBATCH lines, NCCL device lists)."""
     if value is None:
         return None
-    if not _SAFE_TOKEN.fullmatch(value):
+    if not SAFE_TOKEN.fullmatch(value):
         raise SpecError(f"{option} {value!r}: only letters, digits and =^_.,:/+@- are allowed")
     return value
 
@@ -369,4 +330,4 @@ def torchrun_max_restarts(nodes: Nodes, requested: int | None) -> int:
         if requested < 0:
             raise SpecError("--max-restarts must be 0 or more")
         return requested
-    return 3 if nodes.elastic else 0
+    return defaults.ELASTIC_MAX_RESTARTS if nodes.elastic else 0

@@ -122,7 +122,7 @@ class Replacer:
         return {key: self(value) for key, value in context.items()}
 
     def __call__(self, obj, field: str | None = None):
-        from launch.commandline import Shell
+        from launch.render import Shell
 
         if isinstance(obj, Shell):
             return obj

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from launch_testlib import render, run_inproc
 
-from launch.scripts import slurm_memory
+from launch.backends.slurm import slurm_memory
 
 
 def _directives(argv):

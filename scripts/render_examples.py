@@ -1,9 +1,10 @@
 """Re-render (or check) the committed example outputs: ``k8s/*.yaml`` and ``docs/examples/*``.
 
 Stale files under ``k8s/`` that no example produces any more are removed when writing.
+A developer tool (not part of the ``launch`` package): it runs the ``launch`` of this checkout.
 
-    python -m launch.render_examples            # write them (the `make render-k8s` target)
-    python -m launch.render_examples --check    # exit 1 if a committed file differs from a fresh render
+    python scripts/render_examples.py            # write them (the `make render-k8s` target)
+    python scripts/render_examples.py --check    # exit 1 if a committed file differs from a fresh render
 
 Each file's first line records the exact ``launch`` command that produced it.
 """
@@ -15,6 +16,10 @@ import contextlib
 import io
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the checkout's `launch`, whatever the current directory
+    sys.path.insert(0, str(ROOT))
 
 IMAGE_HOPPER = "registry.example.invalid/hopper-train:hopper"
 IMAGE_BLACKWELL = "registry.example.invalid/hopper-train:blackwell"
@@ -139,7 +144,7 @@ def render_text(argv: list[str]) -> str:
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launch.render_examples", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python scripts/render_examples.py", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
     parser.add_argument("--root", default=".", help="repository root (default: current directory)")
     opts = parser.parse_args(args)
@@ -164,7 +169,7 @@ def main(args: list[str] | None = None) -> int:
             orphan.unlink()
             print(f"removed {orphan.relative_to(root)} (no example renders it any more)")
     for path in stale:
-        print(f"stale: {path} (run: python -m launch.render_examples)", file=sys.stderr)
+        print(f"stale: {path} (run: python scripts/render_examples.py)", file=sys.stderr)
     return 1 if stale else 0
 
 

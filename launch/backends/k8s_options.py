@@ -1,0 +1,145 @@
+"""The Kubernetes options shared by ``launch k8s`` and ``launch k8s-runtime`` (``K8sOptions``),
+their parsing, and the choice between the two job APIs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from launch import defaults
+from launch.envnames import check_env_name, check_unique_env
+from launch.errors import SpecError
+from launch.spec import JobSpec, parse_quantity
+
+SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUALIFIED_NAME = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+# Variables whose only allowed value launch knows (NVLink multicast stays off): a Secret's
+# value is not known when rendering, so these can never come from one.
+NEVER_FROM_SECRET = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+
+@dataclass(frozen=True)
+class SecretEnv:
+    name: str
+    secret: str
+    key: str
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    namespace: str | None = None
+    pvc: str = defaults.K8S_PVC
+    shm_size: str = defaults.K8S_SHM_SIZE
+    rdma_resource: tuple[str, int | None] | None = None  # override of the fabric's resource
+    queue: str | None = None  # Kueue LocalQueue
+    gang: bool = False
+    image_pull_secrets: tuple[str, ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    pod_annotations: tuple[tuple[str, str], ...] = ()
+    backoff_limit: int = defaults.K8S_BACKOFF_LIMIT
+    ttl_seconds: int = defaults.K8S_TTL_S
+    secret_env: tuple[SecretEnv, ...] = ()
+    api: str | None = None  # None: trainjob for fixed-size jobs, pytorchjob for elastic ones
+    runtime: str | None = None  # ClusterTrainingRuntime name; default derived from its content
+    compute_domain: bool = True  # render a ComputeDomain where the profile needs one
+
+
+def _dns_subdomain(option: str, value: str) -> str:
+    if not value or len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value):
+        raise SpecError(f"{option} {value!r}: not a valid Kubernetes object name")
+    return value
+
+
+def _key_value(option: str, item: str, value_pattern: re.Pattern | None) -> tuple[str, str]:
+    if "=" not in item:
+        raise SpecError(f"{option} {item!r}: expected KEY=VALUE")
+    key, value = item.split("=", 1)
+    if len(key) > 316 or not _QUALIFIED_NAME.fullmatch(key):
+        raise SpecError(f"{option} {item!r}: {key!r} is not a valid Kubernetes key")
+    if value_pattern is not None and (len(value) > 63 or not value_pattern.fullmatch(value)):
+        raise SpecError(f"{option} {item!r}: {value!r} is not a valid label value")
+    if "\x00" in value or any("\ud800" <= ch <= "\udfff" for ch in item):
+        raise SpecError(f"{option} {item!r}: contains NUL or a non-UTF-8 byte")
+    return key, value
+
+
+def parse_rdma_resource(value: str | None) -> tuple[str, int | None] | None:
+    if value is None:
+        return None
+    name, _, count = value.partition("=")
+    if not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9._-]+", name) or (count and not re.fullmatch(r"[0-9]{1,6}", count)):
+        raise SpecError(f"--rdma-resource {value!r}: expected DOMAIN/NAME[=COUNT], e.g. rdma/ib=1")
+    if count and int(count) < 1:
+        raise SpecError(f"--rdma-resource {value!r}: COUNT must be at least 1")
+    return name, int(count) if count else None
+
+
+def parse_secret_env(values, allow_undocumented_nccl: bool = False) -> tuple[SecretEnv, ...]:
+    """Same gates as --env: valid, unique, documented NCCL names; never the NVLS switches."""
+    out = []
+    for item in values:
+        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([^:]+):([-._A-Za-z0-9]+)", item)
+        if not match:
+            raise SpecError(f"--env-secret {item!r}: expected NAME=SECRET:KEY")
+        name = check_env_name("--env-secret", match.group(1), allow_undocumented_nccl)
+        if name in NEVER_FROM_SECRET:
+            raise SpecError(f"--env-secret {name}: refused; launch sets it itself or not at all (NVLink "
+                            "multicast stays off) and a Secret's value cannot be checked")
+        if len(match.group(3)) > 253:
+            raise SpecError(f"--env-secret {item!r}: KEY longer than 253 characters")
+        out.append(SecretEnv(name, _dns_subdomain("--env-secret", match.group(2)), match.group(3)))
+    check_unique_env(s.name for s in out)
+    return tuple(out)
+
+
+def parse_options(
+    namespace, pvc, shm_size, rdma_resource, queue, gang, pull_secrets, node_selector,
+    pod_annotations, backoff_limit, ttl_seconds, secret_env, api=None, runtime=None, compute_domain=True,
+    allow_undocumented_nccl: bool = False,
+) -> K8sOptions:
+    if namespace is not None and (len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace)):
+        raise SpecError(f"--namespace {namespace!r}: not a valid namespace name")
+    if queue is not None and (len(queue) > 63 or not _LABEL_VALUE.fullmatch(queue) or not queue):
+        raise SpecError(f"--queue {queue!r}: not a valid label value")
+    if backoff_limit < 0 or ttl_seconds < 0:
+        raise SpecError("--backoff-limit and --ttl-seconds must be 0 or more")
+    return K8sOptions(
+        namespace=namespace,
+        pvc=_dns_subdomain("--pvc", pvc),
+        shm_size=parse_quantity("--shm-size", shm_size),
+        rdma_resource=parse_rdma_resource(rdma_resource),
+        queue=queue,
+        gang=bool(gang),
+        image_pull_secrets=tuple(_dns_subdomain("--image-pull-secret", s) for s in pull_secrets),
+        node_selector=tuple(_key_value("--node-selector", s, _LABEL_VALUE) for s in node_selector),
+        pod_annotations=tuple(_key_value("--pod-annotation", s, None) for s in pod_annotations),
+        backoff_limit=backoff_limit,
+        ttl_seconds=ttl_seconds,
+        secret_env=parse_secret_env(secret_env, allow_undocumented_nccl),
+        api=api,
+        runtime=None if runtime is None else _dns_subdomain("--runtime", runtime),
+        compute_domain=bool(compute_domain),
+    )
+
+
+def secret_warnings(spec: JobSpec) -> list[str]:
+    return [
+        f"--env {name} looks like a secret and is rendered in plain text; use --env-secret {name}=SECRET:KEY"
+        for name, _ in spec.env
+        if SECRETISH.search(name)
+    ]
+
+
+def resolve_api(spec: JobSpec, opts: K8sOptions) -> str:
+    if opts.api is None:
+        return "pytorchjob" if spec.nodes.elastic else "trainjob"
+    if opts.api == "trainjob" and spec.nodes.elastic:
+        raise SpecError(
+            f"--nnodes {spec.nodes.torchrun_value}: Kubeflow Trainer v2 (TrainJob) has no elastic mode; "
+            "use --api pytorchjob (training-operator v1 elasticPolicy) or a fixed --nnodes N"
+        )
+    return opts.api

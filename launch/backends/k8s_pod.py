@@ -1,0 +1,213 @@
+"""Kubernetes manifests for the job: Kubeflow Trainer v2 and training-operator v1.
+
+Two APIs, one pod template (``templates/_k8s_pod.yaml.j2``, its context built here):
+
+* ``trainer.kubeflow.org/v1alpha1`` (Kubeflow Trainer v2, checked against v2.3.0), the default
+  for fixed-size jobs. ``launch k8s-runtime`` renders a ``ClusterTrainingRuntime`` holding what
+  the profile and fabric need (NCCL environment, /dev/shm, RDMA, IPC_LOCK, grace period, node
+  selection, gang scheduling; ``backends/runtime.py``); ``launch k8s --api trainjob`` renders a
+  ``TrainJob`` that refers to it and sets only image, arguments, node count and resources
+  (``backends/trainjob.py``). The Torch plugin injects ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
+  ``PET_NODE_RANK`` and ``PET_MASTER_ADDR/PORT`` into the container named ``node``
+  (kubeflow/trainer ``pkg/runtime/framework/plugins/torch/torch.go``). Trainer v2 has no
+  elastic mode, so ``--nnodes MIN:MAX`` needs ``--api pytorchjob``.
+* ``kubeflow.org/v1`` ``PyTorchJob`` (training-operator >= 1.8, checked against v1.9;
+  ``backends/pytorchjob.py``): for elastic jobs and clusters still on v1.
+  ``spec.nprocPerNode`` becomes ``PET_NPROC_PER_NODE``; fixed size is ``Master`` (1) +
+  ``Worker`` (N-1) with ``PET_MASTER_ADDR/PORT``, ``PET_NNODES``, ``PET_NODE_RANK``; elastic is
+  ``Worker`` only with ``PET_RDZV_ENDPOINT`` (worker-0), ``PET_NNODES=MIN:MAX``,
+  ``PET_MAX_RESTARTS`` (``pkg/controller.v1/pytorch/envvar.go``, ``master.go``, ``elastic.go``).
+
+Multi-node jobs on a profile with multi-node NVLink (GB200 NVL72) get a ``ComputeDomain`` of the
+NVIDIA DRA driver, its IMEX channel as a pod resource claim, pod affinity on the
+``nvidia.com/gpu.clique`` node label, and the profile's ``compute_domain`` environment
+(``NCCL_MNNVL_ENABLE=1``); single-tray jobs get none of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch.backends.k8s_options import K8sOptions
+from launch.commandline import preflight_train_args
+from launch.envnames import check_unique_env
+from launch.envplan import EnvPlan
+from launch.errors import SpecError
+from launch.render import sh, shwords
+from launch.spec import JobSpec, parse_quantity
+
+GANG_TIMEOUT_S = 300
+CLAIM_NAME = "imex-channel"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Template contexts are dataclasses (not dicts): templates reach their fields by name, and the
+# quoting tests replace every string value in them, dict keys included.
+
+
+@dataclass(frozen=True)
+class ComputeDomain:
+    name: str
+    template: str  # the ResourceClaimTemplate the DRA driver creates for the channel
+    claim: str  # the pod's resourceClaims entry
+    num_nodes: int
+    labels: dict
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    number: int
+
+
+@dataclass(frozen=True)
+class Pod:
+    labels: dict
+    selector_name: str | None  # app.kubernetes.io/name value for the NVLink-domain affinity
+    annotations: dict
+    restart_policy: str | None
+    grace: int
+    image_pull_secrets: tuple
+    node_selector: dict
+    compute_domain: ComputeDomain | None
+    container: str
+    image: str
+    args: tuple | None
+    port: Port | None
+    env: tuple
+    secret_env: tuple
+    resources: tuple  # (resource, quantity, why or None)
+    ipc_lock: bool
+    checkpoint_dir: str
+    shm_size: str
+    pvc: str
+    preflight: str | None = None  # --preflight: the container's `bash -c` wrapper (preflight_script)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Gang:
+    timeout: int
+
+
+def uses_compute_domain(spec: JobSpec, opts: K8sOptions) -> bool:
+    """A ComputeDomain (IMEX channels) only for multi-node jobs on multi-node NVLink hardware."""
+    return bool(spec.profile.compute_domain_env) and spec.nodes.multi_node and opts.compute_domain
+
+
+def compute_domain(spec: JobSpec, opts: K8sOptions) -> ComputeDomain | None:
+    if not uses_compute_domain(spec, opts):
+        return None
+    labels = {k: v for k, v in job_labels(spec, opts).items() if k != "kueue.x-k8s.io/queue-name"}
+    return ComputeDomain(
+        name=f"{spec.name}-imex",
+        template=f"{spec.name}-imex-channel",
+        claim=CLAIM_NAME,
+        num_nodes=0 if spec.nodes.elastic else spec.nodes.max,
+        labels=labels,
+    )
+
+
+def job_labels(spec: JobSpec, opts: K8sOptions) -> dict:
+    labels = {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "launch"}
+    if opts.queue:
+        labels["kueue.x-k8s.io/queue-name"] = opts.queue
+    return labels
+
+
+def _node_selector(spec: JobSpec, opts: K8sOptions) -> dict:
+    node_selector = {"kubernetes.io/arch": spec.profile.cpu_arch, "nvidia.com/gpu.present": "true"}
+    node_selector.update(dict(spec.profile.node_selector))
+    node_selector.update(dict(opts.node_selector))
+    return node_selector
+
+
+def _rdma(spec: JobSpec, opts: K8sOptions) -> tuple[str, int, str] | None:
+    fabric = spec.fabric.rdma_resource
+    if fabric is None and opts.rdma_resource is None:
+        return None
+    name = opts.rdma_resource[0] if opts.rdma_resource else fabric.name
+    count = (opts.rdma_resource[1] if opts.rdma_resource else None) or (fabric.count if fabric else None)
+    if count is None:
+        raise SpecError(
+            f"fabric {spec.fabric.name!r} needs the RDMA resource count for this cluster: "
+            f"--rdma-resource {name}=COUNT" + (f" ({fabric.why})" if fabric else "")
+        )
+    why = fabric.why if fabric else "--rdma-resource"
+    return name, count, why
+
+
+def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_resources=(), **fields) -> Pod:
+    """The pod template every API shares; ``fields`` fill in what differs per API."""
+    rdma = _rdma(spec, opts)
+    resources = [(GPU_RESOURCE, str(gpus), None)]
+    if rdma:
+        resources.append((rdma[0], str(rdma[1]), rdma[2]))
+    resources += [(key, value, None) for key, value in extra_resources]
+    domain = fields.get("compute_domain")
+    values = {
+        "annotations": dict(opts.pod_annotations),
+        "restart_policy": None,
+        "grace": spec.grace_period_s,
+        "image_pull_secrets": opts.image_pull_secrets,
+        "node_selector": _node_selector(spec, opts),
+        "compute_domain": None,
+        "port": None,
+        "env": plan.variables,
+        "secret_env": (),
+        "resources": tuple(resources),
+        "ipc_lock": spec.fabric.ipc_lock,
+        "checkpoint_dir": spec.checkpoint_dir,
+        "shm_size": opts.shm_size,
+        "pvc": opts.pvc,
+        "selector_name": spec.name if domain else None,
+    }
+    values.update(fields)
+    return Pod(**values)
+
+
+def cpu_memory(spec: JobSpec) -> list[tuple[str, str]]:
+    if spec.resources.cpus is not None:
+        parse_quantity("--cpus", spec.resources.cpus)
+    out = []
+    if spec.resources.cpus:
+        out.append(("cpu", spec.resources.cpus))
+    if spec.resources.memory:
+        out.append(("memory", spec.resources.memory))
+    return out
+
+
+def check_unique_pod_env(plan: EnvPlan, opts: K8sOptions) -> None:
+    # a Secret-backed variable next to a plain one of the same name: which wins is up to
+    # the API server's merge; refuse instead
+    check_unique_env([*(v.name for v in plan.variables), *(s.name for s in opts.secret_env)])
+
+
+def refuse_preflight(spec: JobSpec) -> None:
+    if spec.preflight.enabled:
+        raise SpecError("--preflight: rendered for --api pytorchjob only so far (a TrainJob's command "
+                        "comes from its runtime)")
+
+
+def preflight_script(spec: JobSpec) -> str | None:
+    """--preflight in a pod: ``bash -c SCRIPT launch-preflight TRAIN_ARGS...`` runs ``train
+    preflight`` through torchrun (the operator's PET_* variables give it the nodes) on the
+    rendezvous port + 1, then execs the training torchrun with the pod's args."""
+    if not spec.preflight.enabled:
+        return None
+    check = shwords(preflight_train_args(spec))
+    rid = sh(f"{spec.rdzv.id}-preflight")
+    return (
+        "set -euo pipefail; "
+        'if [[ -n "${PET_RDZV_ENDPOINT:-}" ]]; then '
+        'pf=(--rdzv-endpoint "${PET_RDZV_ENDPOINT%:*}:$((${PET_RDZV_ENDPOINT##*:} + 1))" '
+        f"--rdzv-id {rid} --max-restarts 0); "
+        f'else pf=(--master-port "$((${{PET_MASTER_PORT:-{spec.rdzv.port}}} + 1))"); fi; '
+        f'torchrun "${{pf[@]}}" {check} || '
+        '{ echo "launch: preflight failed (see above): not starting training" >&2; exit 3; }; '
+        'exec torchrun "$@"'
+    )

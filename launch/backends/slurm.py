@@ -1,0 +1,155 @@
+"""``launch slurm``: an sbatch script, one task per node running torchrun (directly, from a
+virtual environment, or inside the image with pyxis/enroot), rendezvous on the first node."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from launch import defaults
+from launch.backends.base import Job
+from launch.backends.shell import (
+    RDZV_ENDPOINT,
+    common_context,
+    parse_venv,
+    preflight_context,
+    torchrun_groups,
+)
+from launch.errors import SpecError
+from launch.render import Quoted, Shell, render
+from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token
+
+SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    pyxis: bool = False
+    gpu_gres: str | None = defaults.SLURM_GPU_GRES  # None: request no GPUs (CPU-only cluster)
+    venv: str | None = None
+
+    @classmethod
+    def parse(cls, partition, account, time, pyxis, gpu_gres=defaults.SLURM_GPU_GRES, venv=None) -> SlurmOptions:
+        if pyxis and venv:
+            raise SpecError("--venv and --pyxis exclude each other: with pyxis, torchrun comes from --image")
+        return cls(
+            parse_safe_token("--partition", partition),
+            parse_safe_token("--account", account),
+            parse_safe_token("--time", time),
+            bool(pyxis),
+            parse_gres(gpu_gres),
+            parse_venv(venv),
+        )
+
+
+_GRES = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(:[A-Za-z0-9_.-]+)?")
+
+
+def parse_gres(value: str | None) -> str | None:
+    """``gpu`` (--gpus-per-node), another GRES name/type such as ``gpu:h100`` (--gres), or ``none``."""
+    if value is None or value == "none":
+        return None
+    if not _GRES.fullmatch(value):
+        raise SpecError(f"--gpu-gres {value!r}: a GRES name such as gpu or gpu:h100, or none")
+    return value
+
+
+def slurm_cpus(spec: JobSpec) -> int:
+    """CPUs per node (= per task, one task per node): --cpus, else the profile's cpus_per_node,
+    else 4 per process (the OMP_NUM_THREADS the profiles set)."""
+    cpus = spec.resources.cpus
+    if cpus is not None:
+        if not re.fullmatch(r"[1-9][0-9]*", cpus):
+            raise SpecError(f"--cpus {cpus!r}: Slurm needs a whole number of CPUs per node")
+        return int(cpus)
+    return spec.profile.cpus_per_node or 4 * spec.nproc_per_node
+
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def slurm_memory(quantity: str) -> str:
+    """A Kubernetes memory quantity (512Gi, 64G, 1.5Ti) as Slurm --mem (binary units, rounded up)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", quantity)
+    unit = match.group(2) if match else "?"
+    scale = _BINARY.get(unit) or _DECIMAL.get(unit)
+    if not scale:
+        raise SpecError(f"--memory {quantity!r}: Slurm needs bytes, e.g. 512Gi, 64G or 500Mi")
+    value = float(match.group(1)) * scale
+    for suffix, size in (("T", 2**40), ("G", 2**30), ("M", 2**20)):
+        if value >= size and value % size == 0:
+            return f"{int(value // size)}{suffix}"
+    return f"{max(1, -(-int(value) // 2**20))}M"
+
+
+def _directive(text: str) -> Quoted:
+    """An #SBATCH line is parsed by sbatch, not by bash: only plain tokens go there."""
+    if not SAFE_TOKEN.fullmatch(text):
+        raise SpecError(f"#SBATCH {text!r}: only letters, digits and =^_.,:/+@- are allowed")
+    return Quoted(text)
+
+
+def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[Quoted]:
+    nodes = f"{spec.nodes.min}-{spec.nodes.max}" if spec.nodes.elastic else str(spec.nodes.min)
+    directives = [
+        f"--job-name={spec.name}",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={slurm_cpus(spec)}",
+    ]
+    if opts.gpu_gres == defaults.SLURM_GPU_GRES:
+        directives.append(f"--gpus-per-node={spec.nproc_per_node}")
+    elif opts.gpu_gres:
+        directives.append(f"--gres={opts.gpu_gres}:{spec.nproc_per_node}")
+    if spec.resources.memory:
+        directives.append(f"--mem={slurm_memory(spec.resources.memory)}")
+    directives += [
+        # Preemption / time limit: SIGTERM reaches every process of the steps grace_period_s
+        # before the end; the training processes checkpoint, the script requeues the job.
+        f"--signal=TERM@{spec.grace_period_s}",
+        "--requeue",
+        # One log per job: every attempt (requeue) appends to it after its own header line.
+        "--open-mode=append",
+        Quoted("--output=%x-%j.out"),  # a constant: %x job name, %j job id (sbatch patterns)
+    ]
+    for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)):
+        if value:
+            directives.append(f"--{flag}={value}")
+    return [d if isinstance(d, Quoted) else _directive(d) for d in directives]
+
+
+def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
+    flags = [
+        (Shell('--nodes="$SLURM_JOB_NUM_NODES"'), "every node of the allocation (elastic: however many were granted)"),
+        (Shell('--ntasks="$SLURM_JOB_NUM_NODES"'), "one torchrun per node"),
+        ("--ntasks-per-node=1", "torchrun itself starts --nproc-per-node workers"),
+        ("--kill-on-bad-exit=1", "stop the other nodes when one torchrun fails"),
+        (Shell('--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"'),
+         "the job's CPUs for each task: srun >= 22.05 does not inherit --cpus-per-task from sbatch"),
+    ]
+    if opts.pyxis:
+        flags.append((f"--container-image={spec.image}", "pyxis/enroot: run torchrun inside the image"))
+        mounts = [f"{m.source}:{m.target}{':ro' if m.read_only else ''}" for m in spec.mounts]
+        mounts.append(f"{spec.checkpoint_dir}:{spec.checkpoint_dir}")
+        flags.append((f"--container-mounts={','.join(mounts)}", "--mount and the checkpoint directory"))
+    return flags
+
+
+def render_job(job: Job, opts: SlurmOptions = SlurmOptions()) -> str:
+    spec = job.spec
+    ctx = common_context(job)
+    ctx.update(
+        directives=slurm_directives(spec, opts),
+        venv=opts.venv,
+        pyxis=opts.pyxis,
+        slurm=True,
+        port=spec.rdzv.port,
+        srun_flags=srun_flags(spec, opts),
+        torchrun_groups=torchrun_groups(spec, RDZV_ENDPOINT, SLURM_JOB_ID),
+        **preflight_context(spec, SLURM_JOB_ID),
+    )
+    return render("slurm.sbatch.j2", **ctx)

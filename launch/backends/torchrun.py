@@ -1,0 +1,34 @@
+"""``launch torchrun`` (and ``launch run``): a bash script that runs torchrun on this node,
+standalone or on a c10d rendezvous shared by every node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch.backends.base import Job
+from launch.backends.shell import (
+    RDZV_ENDPOINT,
+    common_context,
+    parse_venv,
+    preflight_context,
+    torchrun_groups,
+)
+from launch.render import render
+
+
+@dataclass(frozen=True)
+class TorchrunOptions:
+    venv: str | None = None  # put DIR/bin (torchrun, python) first on PATH
+
+    @classmethod
+    def parse(cls, venv: str | None = None) -> TorchrunOptions:
+        return cls(parse_venv(venv))
+
+
+def render_job(job: Job, opts: TorchrunOptions = TorchrunOptions()) -> str:
+    spec = job.spec
+    ctx = common_context(job)
+    ctx.update(venv=opts.venv, pyxis=False, slurm=False)
+    ctx["torchrun_groups"] = torchrun_groups(spec, RDZV_ENDPOINT, spec.rdzv.id)
+    ctx.update(preflight_context(spec, spec.rdzv.id))
+    return render("torchrun.sh.j2", **ctx)

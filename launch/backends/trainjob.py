@@ -1,0 +1,95 @@
+"""``launch k8s --api trainjob``: a Kubeflow Trainer v2 ``TrainJob`` that refers to the
+``ClusterTrainingRuntime`` of ``launch k8s-runtime``; with a ComputeDomain it brings a
+``TrainingRuntime`` of its own (see ``k8s_pod``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch.backends.base import Job
+from launch.backends.k8s_options import K8sOptions
+from launch.backends.k8s_pod import (
+    GANG_TIMEOUT_S,
+    GPU_RESOURCE,
+    Gang,
+    Runtime,
+    check_unique_pod_env,
+    compute_domain,
+    cpu_memory,
+    job_labels,
+    refuse_preflight,
+)
+from launch.backends.runtime import TRAINER_CONTAINER, default_runtime_name, runtime_pod
+from launch.commandline import training_args
+from launch.errors import SpecError
+from launch.render import header_lines, render
+from launch.spec import JobSpec
+
+# Trainer v2 rejects these in TrainJob.spec.trainer.env (constants.TorchRunReservedEnvNames).
+TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class TrainJobSpec:
+    image: str
+    args: tuple
+    num_nodes: int
+    nproc: int
+    env: tuple
+    secret_env: tuple
+    resources: tuple  # (resource, quantity)
+    runtime_why: str
+
+
+def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
+    refuse_preflight(spec)
+    # JobSet's webhook: <jobset>-<replicatedJob>-<job index>-<pod index> plus the pod's
+    # 5-character random suffix must be a DNS-1035 label (jobset pkg/webhooks/jobset_webhook.go)
+    longest = f"{spec.name}-{TRAINER_CONTAINER}-0-{spec.nodes.max - 1}-xxxxx"
+    if len(longest) > 63:
+        raise SpecError(
+            f"--name {spec.name!r} is too long for Kubernetes: JobSet's pod name "
+            f"{longest!r} would exceed 63 characters"
+        )
+    reserved = [name for name, _ in spec.env if name in TORCHRUN_RESERVED_ENV]
+    reserved += [s.name for s in opts.secret_env if s.name in TORCHRUN_RESERVED_ENV]
+    if reserved:
+        raise SpecError(f"--env {reserved[0]}: reserved for the Trainer's Torch plugin, which sets it itself")
+
+
+def render_job(job: Job, opts: K8sOptions) -> str:
+    spec = job.spec
+    check_unique_pod_env(job.plan, opts)
+    _check_trainjob(spec, opts)
+    domain = compute_domain(spec, opts)
+    if domain and opts.runtime:
+        raise SpecError("--runtime: a job with a ComputeDomain brings its own TrainingRuntime")
+    if domain:
+        runtime = Runtime("TrainingRuntime", spec.name)
+        why = ("the job's own TrainingRuntime (above): it holds the ComputeDomain's IMEX channel "
+               "claim and the NVLink-domain affinity")
+    else:
+        runtime = Runtime("ClusterTrainingRuntime", opts.runtime or default_runtime_name(spec, opts))
+        why = (f"profile {spec.profile.name} + fabric {spec.fabric.name}: render it with "
+               "`launch k8s-runtime` and the same options")
+    trainjob = TrainJobSpec(
+        image=spec.image,
+        args=tuple(training_args(spec)),
+        num_nodes=spec.nodes.max,
+        nproc=spec.nproc_per_node,
+        env=spec.env,
+        secret_env=opts.secret_env,
+        resources=((GPU_RESOURCE, str(spec.nproc_per_node)), *cpu_memory(spec)),
+        runtime_why=why,
+    )
+    context = {"header": header_lines(job.command, spec), "name": spec.name, "namespace": opts.namespace,
+               "job_labels": job_labels(spec, opts), "trainjob": trainjob, "runtime": runtime}
+    if not domain:
+        return render("trainjob.yaml.j2", **context)
+    return render(
+        "trainingruntime.yaml.j2", **context,
+        gang=Gang(GANG_TIMEOUT_S) if opts.gang else None,
+        opts=opts,
+        pod=runtime_pod(spec, opts, domain, spec.image),
+        compute_domain=domain,
+    )
