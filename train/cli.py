@@ -148,7 +148,7 @@ from train.bench.cli import bench  # noqa: E402
 
 main.add_command(bench)
 
-from train.doctor import doctor  # noqa: E402
+from train.doctor.cli import doctor  # noqa: E402
 
 main.add_command(doctor)
 

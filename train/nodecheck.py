@@ -8,7 +8,7 @@ Run by torchrun across the same nodes as the training, one rendezvous
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29401 \\
         -m train preflight --expect-busbw 40 --min-fraction 0.5
 
-1. **Facts** (``train doctor``'s system check, :func:`train.doctor.collect_system`): on one
+1. **Facts** (``train doctor``'s system check, :func:`train.doctor.system.collect_system`): on one
    process per node, gathered to rank 0 with the hostname. A node whose check finds a
    problem (CUDA present but unusable, NCCL missing, ...) is *broken*.
 2. **Per-node links**: one process per node (its local rank 0) sends ``--bytes`` to its
@@ -51,7 +51,7 @@ def _facts(local_rank: int) -> dict:
     facts = {"host": socket.gethostname(), "node_rank": int(os.environ.get("GROUP_RANK", "-1")),
              "local_rank": local_rank, "problems": []}
     if local_rank == 0:
-        from train.doctor import collect_system
+        from train.doctor.system import collect_system
 
         t0 = time.perf_counter()
         report = collect_system(check_nccl=False)
@@ -249,7 +249,7 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
         fail(f"--json {json_path}: is a directory", 2)
 
     from train import dist as tdist
-    from train.doctor import smi_gpus
+    from train.doctor.probes import smi_gpus
 
     t0 = time.perf_counter()
     import torch
