@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.doctor.memory import GiB, USABLE_FRACTION, Plan, estimate, norm_fp32_in_autocast, param_count
+from train.doctor.memory import (
+    USABLE_FRACTION,
+    GiB,
+    Plan,
+    estimate,
+    norm_fp32_in_autocast,
+    param_count,
+)
 from train.doctor.planning import recommend
 from train.models.presets import MODEL_PRESETS
 

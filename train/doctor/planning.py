@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from train.doctor.memory import USABLE_FRACTION, Plan, estimate
 from train.models.presets import ModelConfig
 
+
 def max_batch(cfg: ModelConfig, seq: int, plan: Plan, budget: int, limit: int = 4096) -> int:
     """Largest per-GPU micro-batch whose peak fits in ``budget`` bytes (0 if none)."""
     if estimate(cfg, 1, seq, plan).peak > budget:
