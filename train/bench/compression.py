@@ -274,11 +274,11 @@ def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int
             metrics = read_metrics(vdir / "metrics.jsonl")
             row.update(summarize(metrics, window, loss_window))
             row["loss_curve"] = [m["loss"] for m in metrics]
-            log.info("%s: %.1f ms/step, exposed comm %.1f ms, %.2f MB/step, loss %.4f", label, row["step_ms"],
+            log.info("[bench] %s: %.1f ms/step, exposed comm %.1f ms, %.2f MB/step, loss %.4f", label, row["step_ms"],
                      row["exposed_comm_ms"], row["MB_per_step"], row["loss"])
     except (RuntimeError, ValueError, OSError) as exc:  # e.g. out of memory: report it, go on
         row["error"] = " ".join(str(exc).split())[:200]
-        log.warning("%s: failed: %s", label, row["error"])
+        log.warning("[bench] %s: failed: %s", label, row["error"])
     finally:
         del trainer
         gc.collect()

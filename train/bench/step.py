@@ -389,7 +389,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
                 extra = ""
                 if row.get("status") == "ok":
                     extra = f" {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, step {row['step_ms']:.1f} ms"
-                log.info("%d/%d %s: %s%s", i + 1, len(points), _label(row), row["status"], extra)
+                log.info("[bench step] %d/%d %s: %s%s", i + 1, len(points), _label(row), row["status"], extra)
                 # Rewritten after every point: a launch cut short keeps what it measured.
                 table = write_report(out_dir, name, rows, COLUMNS, meta=meta, chart=_chart)
         if info.is_main:
