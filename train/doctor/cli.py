@@ -10,10 +10,11 @@ import click
 
 from launch.safety import excerpt, load_yaml_file
 from train.console import fail
+from train.doctor.memory import GiB
 from train.doctor.memreport import measure_all, memory_section
 from train.doctor.profiles import load_profile
 from train.doctor.render import render_json, render_text
-from train.doctor.system import GiB, collect_system
+from train.doctor.system import collect_system
 from train.models.presets import MODEL_PRESETS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

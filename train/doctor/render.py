@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-GiB = 2**30
+from train.doctor.memory import GiB
 
 
 def render_json(report: dict) -> str:
