@@ -148,7 +148,7 @@ from train.bench.cli import bench  # noqa: E402
 
 main.add_command(bench)
 
-from train.doctor import doctor  # noqa: E402
+from train.doctor.cli import doctor  # noqa: E402
 
 main.add_command(doctor)
 
@@ -156,7 +156,7 @@ from train.nodecheck import preflight_cmd  # noqa: E402
 
 main.add_command(preflight_cmd)
 
-from train.prepare import data  # noqa: E402
+from train.prepare.cli import data  # noqa: E402
 
 main.add_command(data)
 harden_click(main)  # every INT/FLOAT option of every command: ASCII digits, finite, bounded

@@ -8,7 +8,7 @@ Run by torchrun across the same nodes as the training, one rendezvous
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0:29401 \\
         -m train preflight --expect-busbw 40 --min-fraction 0.5
 
-1. **Facts** (``train doctor``'s system check, :func:`train.doctor.collect_system`): on one
+1. **Facts** (``train doctor``'s system check, :func:`train.doctor.system.collect_system`): on one
    process per node, gathered to rank 0 with the hostname. A node whose check finds a
    problem (CUDA present but unusable, NCCL missing, ...) is *broken*.
 2. **Per-node links**: one process per node (its local rank 0) sends ``--bytes`` to its
@@ -44,6 +44,9 @@ from pathlib import Path
 
 import click
 
+from launch.errors import InputError
+from launch.safety import atomic_write, check_output_target
+
 EXIT_OK, EXIT_SLOW, EXIT_BROKEN = 0, 3, 4
 
 
@@ -51,7 +54,7 @@ def _facts(local_rank: int) -> dict:
     facts = {"host": socket.gethostname(), "node_rank": int(os.environ.get("GROUP_RANK", "-1")),
              "local_rank": local_rank, "problems": []}
     if local_rank == 0:
-        from train.doctor import collect_system
+        from train.doctor.system import collect_system
 
         t0 = time.perf_counter()
         report = collect_system(check_nccl=False)
@@ -211,9 +214,7 @@ def _report(result: dict, v: dict, elapsed: float, json_path) -> None:
     click.echo(f"preflight took {elapsed:.1f} s (after process start)")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = json_path.with_name(f".{json_path.name}.tmp")
-        tmp.write_text(json.dumps({**result, "verdict": v, "seconds": elapsed}, indent=1))
-        os.replace(tmp, json_path)
+        atomic_write(json_path, json.dumps({**result, "verdict": v, "seconds": elapsed}, indent=1), what="--json")
     click.echo(v["line"], err=v["code"] != EXIT_OK)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -247,9 +248,14 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
         fail("--iters and --timeout must be >= 1, --bytes >= 4", 2)
     if json_path is not None and json_path.is_dir():
         fail(f"--json {json_path}: is a directory", 2)
+    if json_path is not None and (json_path.exists() or json_path.is_symlink()):
+        try:  # a FIFO, device or symlink is refused now, not after the measurement
+            check_output_target(json_path, "--json")
+        except InputError as exc:
+            fail(str(exc), 2)
 
     from train import dist as tdist
-    from train.doctor import smi_gpus
+    from train.doctor.probes import smi_gpus
 
     t0 = time.perf_counter()
     import torch

@@ -12,7 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from dist_utils import ROOT, train_cli
-from train.doctor import _physical_indices, check_torchao, doctor, parse_topology
+from train.doctor.cli import doctor
+from train.doctor.libraries import check_torchao
+from train.doctor.probes import _physical_indices, parse_topology
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
 
@@ -102,7 +104,7 @@ def test_physical_indices_follow_uuids(monkeypatch):
 
 
 def test_doctor_module_import_does_not_import_torch():
-    code = "import sys, train.doctor, train.memory; print('torch' in sys.modules)"
+    code = "import sys, train.doctor.cli, train.doctor.memory; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -114,7 +116,7 @@ def test_torchao_absent_is_reported_not_installed():
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")
 def test_torchao_skipped_cpp_extensions_are_detected():
-    code = "from train.doctor import check_torchao; import json; print(json.dumps(check_torchao()))"
+    code = "from train.doctor.libraries import check_torchao; import json; print(json.dumps(check_torchao()))"
     env_out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                              env={**__import__("os").environ, "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"})
     info = json.loads(env_out.stdout.strip().splitlines()[-1])

@@ -1,12 +1,12 @@
-"""`train doctor`'s driver/CUDA line (train/cuda_compat.py + train/data/cuda_driver.yaml),
+"""`train doctor`'s driver/CUDA line (train/doctor/cuda_compat.py + train/doctor/cuda_driver.yaml),
 with simulated driver and CUDA versions; the real check runs on the GPU machines."""
 
 from __future__ import annotations
 
 import pytest
 
-from train import cuda_compat
-from train.cuda_compat import fit, image_cuda, is_datacenter
+from train.doctor import cuda_compat
+from train.doctor.cuda_compat import fit, image_cuda, is_datacenter
 
 
 @pytest.mark.parametrize("driver,cuda,dc,ok,words", [
@@ -51,18 +51,18 @@ def test_datacenter_guess():
 
 def test_doctor_prints_the_line(monkeypatch):
     """Through the real report: a simulated driver (nvidia-smi) and the NGC CUDA_VERSION."""
-    from train import doctor
+    from train.doctor import probes, render, system
 
-    monkeypatch.setattr(doctor, "smi_gpus", lambda: [{"index": 0, "uuid": "GPU-x", "name": "NVIDIA H200",
+    monkeypatch.setattr(probes, "smi_gpus", lambda: [{"index": 0, "uuid": "GPU-x", "name": "NVIDIA H200",
                                                       "driver": "550.54.15"}])
     monkeypatch.setenv("CUDA_VERSION", "13.1.0.036")
-    report = doctor.collect_system()
+    report = system.collect_system()
     assert report["driver_cuda"]["ok"] is True
     report.update(ok=not report["problems"], exit_code=0)  # what the CLI adds before printing
-    text = doctor.render_text(report)
+    text = render.render_text(report)
     assert "driver/CUDA: fit through forward compatibility - driver 550.54.15 < 580" in text
-    monkeypatch.setattr(doctor, "smi_gpus", lambda: [{"index": 0, "uuid": "GPU-x", "name": "NVIDIA GeForce RTX 5090",
+    monkeypatch.setattr(probes, "smi_gpus", lambda: [{"index": 0, "uuid": "GPU-x", "name": "NVIDIA GeForce RTX 5090",
                                                       "driver": "570.86.10"}])
-    report = doctor.collect_system()
+    report = system.collect_system()
     assert report["driver_cuda"]["ok"] is False
     assert any("older than 580" in p for p in report["problems"])

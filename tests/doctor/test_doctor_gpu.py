@@ -14,7 +14,7 @@ from dist_utils import train_cli
 @pytest.mark.parametrize("preset, seq, batch", [("debug", 512, 8), ("1b", 2048, 2)])
 @pytest.mark.parametrize("ac", ["none", "full"])
 def test_estimate_is_within_25_percent_of_measured_peak(preset, seq, batch, ac):
-    from train.doctor import measure_step_peak
+    from train.doctor.memreport import measure_step_peak
 
     r = measure_step_peak(preset, seq, batch, ac)
     assert r["measured_bytes"] > 0

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from train.config import load_config
 from train.dist import DistInfo
-from train.memory import (GiB, Plan, block_activation_bytes, candidate_plans, estimate, max_batch,
-                          param_count, param_shapes, recommend)
+from train.doctor.memory import GiB, Plan, block_activation_bytes, estimate, param_count, param_shapes
+from train.doctor.planning import candidate_plans, max_batch, recommend
 from train.models.llama import Transformer
 from train.models.presets import MODEL_PRESETS
 from train.trainer import Trainer

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import os
 import shutil
@@ -30,16 +31,10 @@ import click
 import torch
 
 from launch.safety import excerpt, parse_ascii_int, parse_finite_float
+from train.bench.report import have_matplotlib
+from train.console import fail, setup
 
-
-def have_matplotlib() -> bool:
-    """Charts are optional: a machine without matplotlib still gets JSON and Markdown."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("[bench] matplotlib is not installed: no PNG chart", file=sys.stderr)
-        return False
-    return True
+log = logging.getLogger(__name__)
 
 
 DEFAULT_VARIANTS = "none,fp16,powersgd:1,powersgd:4,powersgd:8,topk:0.01,localsgd:4"
@@ -139,30 +134,73 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     """Step time, bytes, exposed comm and loss for each gradient-communication scheme."""
     from train import preflight
     from train.bench.report import check_report
-    from train.config import CONFIG_DIR, load_config
-    from train.console import fail
-    from train.errors import ConfigError
 
     check_report(out_dir, name or "compression")
+    specs = [v for v in variants.split(",") if v.strip()]
     try:
-        for spec in [v for v in variants.split(",") if v.strip()]:
+        for spec in specs:
             variant_overrides(spec)  # a bad variant is named before anything else
     except ValueError as exc:
         fail(str(exc), 2)
     world = preflight.world_size_from_env()
     if world < 2:
         fail("train bench compression needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)", 2)
-    if config_path is None and (CONFIG_DIR / f"{preset}.yaml").is_file():
-        config_path = preset
+    base = _base_overrides(preset, steps, batch, seq, start_iter, measure, overrides)
+    jobs = _variant_jobs(specs, preset, config_path, base, world, steps, loss_window)
+
+    from train import dist as tdist
+    from train.comm.links import emulate_link as apply_link
+
+    setup()
+    try:
+        apply_link(emulate_link)
+        info = tdist.init_distributed(jobs[0][1].train.device, jobs[0][1].train.timeout_s)
+    except (RuntimeError, ValueError) as exc:
+        fail(str(exc), 1)
+    periods = [j.comm.localsgd_period for _, j in jobs if j.comm.hook == "localsgd"] or [1]
+    window = timing_window(steps, start_iter, math.lcm(*periods))
+    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
+    runs_dir = runs_dir or out_dir / "compression_runs"
+    try:
+        rows = _run_variants(jobs, info, runs_dir, window, loss_window, out_dir, name)
+    finally:
+        tdist.shutdown()
+    if not info.is_main:
+        return
+    _relative_to_none(rows)
+    j0 = jobs[0][1]
+    meta = {"world_size": info.world_size, "model": j0.model.name,
+            "batch": f"{j0.train.batch_size}x{j0.train.seq_len} per rank", "steps": steps,
+            "timed_steps": f"{window[0]}..{window[1]}", "loss": f"mean of the last {loss_window} steps",
+            "start_iter": start_iter, "emulate_link": emulate_link or "none"}
+    _final_report(out_dir, name, rows, meta)
+    click.echo(f"wrote {out_dir / name}.json/.md/.png; per-variant runs under {runs_dir}")
+
+
+def _base_overrides(preset: str, steps: int, batch: int | None, seq: int | None, start_iter: int, measure: bool,
+                    overrides) -> list[str]:
+    """Config overrides every variant shares."""
     base = [f"model.name={preset}", f"train.steps={steps}", "train.log_every=1", "checkpoint.final=false",
             "checkpoint.every=0", "checkpoint.resume=never", "metrics.progress=false", f"comm.measure={measure}",
             f"comm.powersgd_start_iter={start_iter}", f"comm.topk_start_iter={start_iter}",
             f"comm.localsgd_warmup={start_iter}"]
     base += [f"train.batch_size={batch}"] * (batch is not None) + [f"train.seq_len={seq}"] * (seq is not None)
-    base += list(overrides)
+    return base + list(overrides)
+
+
+def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: list[str], world: int,
+                  steps: int, loss_window: int) -> list[tuple[str, object]]:
+    """(label, job config) of every variant, each checked for ``world`` processes; usage
+    errors exit 2 before any process group exists."""
+    from train import preflight
+    from train.config import CONFIG_DIR, load_config
+    from train.errors import ConfigError
+
+    if config_path is None and (CONFIG_DIR / f"{preset}.yaml").is_file():
+        config_path = preset
     jobs = []
     try:
-        for spec in [v for v in variants.split(",") if v.strip()]:
+        for spec in specs:
             label, extra = variant_overrides(spec)
             job = load_config(config_path, base + extra)
             preflight.check_job(job, world)
@@ -173,46 +211,36 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
             raise ConfigError("--loss-window must be >= 1 and --steps >= 2")
     except (ConfigError, ValueError) as exc:
         fail(str(exc), 2)
+    return jobs
 
-    from train import dist as tdist
+
+def _run_variants(jobs, info, runs_dir: Path, window, loss_window: int, out_dir: Path, name: str) -> list[dict]:
+    """One row per variant; rank 0 rewrites a partial report after each (what is done
+    survives a time limit)."""
+    from train.bench.report import write_report
+
+    rows = []
+    for label, job in jobs:
+        rows.append(_run_variant(label, job, info, runs_dir, window, loss_window))
+        if info.is_main and len(rows) < len(jobs):
+            _relative_to_none(rows)
+            partial = {"partial": f"{len(rows)} of {len(jobs)} variants",
+                       "command": " ".join(["train", *sys.argv[1:]])}
+            write_report(out_dir, name, rows, COLUMNS + ["error"] * any("error" in r for r in rows), partial)
+    return rows
+
+
+def _final_report(out_dir: Path, name: str, rows: list[dict], run_meta: dict) -> None:
+    """The table on stdout, and NAME.json/.md/.png with how the numbers were made."""
     from train.bench.report import environment_meta, write_report
-    from train.comm.links import emulate_link as apply_link
     from train.comm.links import nccl_environment
 
-    try:
-        apply_link(emulate_link)
-        info = tdist.init_distributed(jobs[0][1].train.device, jobs[0][1].train.timeout_s)
-    except (RuntimeError, ValueError) as exc:
-        fail(str(exc), 1)
-    periods = [j.comm.localsgd_period for _, j in jobs if j.comm.hook == "localsgd"] or [1]
-    window = timing_window(steps, start_iter, math.lcm(*periods))
-    rows = []
-    j0 = jobs[0][1]
-    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
-    try:
-        for label, job in jobs:
-            rows.append(_run_variant(label, job, info, runs_dir or out_dir / "compression_runs", window, loss_window))
-            if info.is_main and len(rows) < len(jobs):  # what is done survives a time limit
-                _relative_to_none(rows)
-                partial = {"partial": f"{len(rows)} of {len(jobs)} variants",
-                           "command": " ".join(["train", *sys.argv[1:]])}
-                write_report(out_dir, name, rows, COLUMNS + ["error"] * any("error" in r for r in rows), partial)
-    finally:
-        tdist.shutdown()
-    if not info.is_main:
-        return
-    _relative_to_none(rows)
-    meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), "world_size": info.world_size,
-            "model": j0.model.name, "batch": f"{j0.train.batch_size}x{j0.train.seq_len} per rank",
-            "steps": steps, "timed_steps": f"{window[0]}..{window[1]}", "loss": f"mean of the last {loss_window} steps",
-            "start_iter": start_iter, "emulate_link": emulate_link or "none",
+    meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), **run_meta,
             "nccl_env": nccl_environment() or "defaults",
             "bytes": "per rank per step, handed to collectives (incl. LocalSGD averaging, amortised)",
             "exposed_comm": "backward compute end -> last gradient collective done, + averaging (train.comm.overlap)"}
     cols = COLUMNS + ["error"] * any("error" in r for r in rows)
     click.echo(write_report(out_dir, name, rows, cols, meta, chart=_chart if have_matplotlib() else None))
-    click.echo(f"wrote {out_dir / name}.json/.md/.png; per-variant runs under "
-               f"{runs_dir or out_dir / 'compression_runs'}")
 
 
 def _relative_to_none(rows: list[dict]) -> None:
@@ -236,20 +264,21 @@ def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int
     row: dict = {"variant": label}
     trainer = None
     try:
-        log = open(vdir / f"train_rank{info.rank}.log", "w") if info.is_main else open(os.devnull, "w")
-        with log, contextlib.redirect_stdout(log):
+        log_file = open(vdir / f"train_rank{info.rank}.log", "w") if info.is_main else open(os.devnull, "w")
+        with log_file, contextlib.redirect_stdout(log_file):
             trainer = Trainer(job, info, vdir)
-            print(trainer.describe(), flush=True)
+            log_file.write(trainer.describe() + "\n")
+            log_file.flush()
             trainer.fit()
         if info.is_main:
             metrics = read_metrics(vdir / "metrics.jsonl")
             row.update(summarize(metrics, window, loss_window))
             row["loss_curve"] = [m["loss"] for m in metrics]
-            print(f"[bench] {label}: {row['step_ms']:.1f} ms/step, exposed comm {row['exposed_comm_ms']:.1f} ms, "
-                  f"{row['MB_per_step']:.2f} MB/step, loss {row['loss']:.4f}", file=sys.stderr, flush=True)
+            log.info("[bench] %s: %.1f ms/step, exposed comm %.1f ms, %.2f MB/step, loss %.4f", label, row["step_ms"],
+                     row["exposed_comm_ms"], row["MB_per_step"], row["loss"])
     except (RuntimeError, ValueError, OSError) as exc:  # e.g. out of memory: report it, go on
         row["error"] = " ".join(str(exc).split())[:200]
-        print(f"[bench] {label}: failed: {row['error']}", file=sys.stderr, flush=True)
+        log.warning("[bench] %s: failed: %s", label, row["error"])
     finally:
         del trainer
         gc.collect()

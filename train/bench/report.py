@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from launch.safety import atomic_write, check_output_target, excerpt
+
+log = logging.getLogger(__name__)
+
+
+def have_matplotlib() -> bool:
+    """Charts are optional: a machine without matplotlib still gets JSON and Markdown."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log.warning("matplotlib is not installed: no PNG chart")
+        return False
+    return True
 
 
 def _fmt(v: Any) -> str:

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import gc
 import itertools
+import logging
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import click
@@ -49,7 +49,10 @@ import torch
 import torch.distributed as dist
 
 from launch.safety import excerpt, load_yaml_file, parse_ascii_int
+from train.console import setup
 from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 STRATEGIES = {
     "ddp": ["parallel.strategy=ddp"],
@@ -209,12 +212,12 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def run_point(point: dict, info) -> dict:
-    """Build a Trainer for ``point``, run warm-up + timed steps; one report row."""
+def _row_and_job(point: dict, info) -> tuple[dict, object]:
+    """The point's report row and its job config (None, the row saying why, when the
+    config cannot run on this world size)."""
     from train import preflight
     from train.config import load_config
     from train.errors import ConfigError
-    from train.trainer import Trainer
 
     row = {k: point[k] for k in GRID_KEYS}
     row["compile"] = "on" if point["compile"] else "off"
@@ -225,6 +228,33 @@ def run_point(point: dict, info) -> dict:
         preflight.check_job(job, info.world_size)
     except ConfigError as exc:
         row["status"] = f"skipped: {' '.join(str(exc).split())}"[:200]
+        return row, None
+    return row, job
+
+
+def _release(point: dict, cuda: bool, workdir: Path) -> None:
+    """After a point (its Trainer dropped): free memory, compiled graphs and the work directory."""
+    gc.collect()
+    if point["compile"]:
+        torch._dynamo.reset()  # drop compiled graphs (and the modules they reference)
+    if cuda:
+        torch.cuda.empty_cache()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _agree(row: dict, code: float, info) -> None:
+    """Every rank reports the worst outcome of the point (all ranks must agree on the row)."""
+    worst = _reduce_max([code], info)[0]
+    if worst and code == 0:
+        row["status"] = "OOM on another rank" if worst == 1 else "failed on another rank"
+
+
+def run_point(point: dict, info) -> dict:
+    """Build a Trainer for ``point``, run warm-up + timed steps; one report row."""
+    from train.trainer import Trainer
+
+    row, job = _row_and_job(point, info)
+    if job is None:
         return row
 
     cuda = info.device.type == "cuda"
@@ -268,23 +298,15 @@ def run_point(point: dict, info) -> dict:
     except Exception as exc:  # a failing point is a row, not the end of the grid
         code, row["status"] = 2.0, f"error: {_first_line(exc)}"
         if os.environ.get("TRAIN_DEBUG"):
-            traceback.print_exc()
+            log.exception("bench point %s failed", _label(row))
     finally:
         if memory is not None:
             memory.remove()
         if trainer is not None:
             trainer.metrics.close()
         trainer = None
-        gc.collect()
-        if point["compile"]:
-            torch._dynamo.reset()  # drop compiled graphs (and the modules they reference)
-        if cuda:
-            torch.cuda.empty_cache()
-        shutil.rmtree(workdir, ignore_errors=True)
-    # Every rank reports the worst outcome of the point (all ranks must agree on the row).
-    worst = _reduce_max([code], info)[0]
-    if worst and code == 0:
-        row["status"] = "OOM on another rank" if worst == 1 else "failed on another rank"
+        _release(point, cuda, workdir)
+    _agree(row, code, info)
     return row
 
 
@@ -353,6 +375,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
     grids = load_plan(plan, defaults) if plan else [defaults]
     points = [p for g in grids for p in expand(g)]
 
+    setup()  # per-point progress on stderr
     info = tdist.init_distributed(device, timeout_s)
     rows, table = [], ""
     meta = environment_meta() if info.is_main else {}
@@ -366,7 +389,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
                 extra = ""
                 if row.get("status") == "ok":
                     extra = f" {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, step {row['step_ms']:.1f} ms"
-                click.echo(f"[bench step] {i + 1}/{len(points)} {_label(row)}: {row['status']}{extra}", err=True)
+                log.info("[bench step] %d/%d %s: %s%s", i + 1, len(points), _label(row), row["status"], extra)
                 # Rewritten after every point: a launch cut short keeps what it measured.
                 table = write_report(out_dir, name, rows, COLUMNS, meta=meta, chart=_chart)
         if info.is_main:

@@ -1,6 +1,6 @@
 """Does this NVIDIA driver run this CUDA? One line for `train doctor`.
 
-The rules are data (train/data/cuda_driver.yaml, each with its NVIDIA source); this module
+The rules are data (train/doctor/cuda_driver.yaml, each with its NVIDIA source); this module
 only compares versions. No torch import: the inputs are strings, so the verdict is tested
 on a CPU machine with simulated driver/CUDA versions.
 """
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "data" / "cuda_driver.yaml"
+from launch.safety import load_yaml_file
+
+DATA = Path(__file__).resolve().parent / "cuda_driver.yaml"
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,7 @@ def _version(text: str | None) -> tuple[int, ...] | None:
 
 @lru_cache(maxsize=1)
 def rules() -> dict:
-    import yaml
-
-    data = yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    data = load_yaml_file(DATA, "rules")
     return {
         "floor": {int(k): _version(v) for k, v in data["minor_version_floor"].items()},
         "forward": [(int(e["branch"]), _version(e["min"])) for e in data["forward_compatible"]],

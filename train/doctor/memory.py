@@ -2,7 +2,7 @@
 
 What is counted is what ``torch.cuda.max_memory_allocated`` sees for ``train run``:
 tensors the caching allocator hands out. The CUDA context, NCCL buffers and allocator
-fragmentation are not in it; :func:`recommend` leaves headroom for them.
+fragmentation are not in it; :func:`train.doctor.planning.recommend` leaves headroom for them.
 
 Persistent state (``P`` parameters on this GPU, after sharding)
     params     fp32 master weights, ``4 P`` (+ the RoPE buffer)
@@ -77,7 +77,8 @@ without AC, within a few % with AC; tests/doctor) and on GPUs against
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from train.models.presets import ModelConfig
 
@@ -291,176 +292,136 @@ def _head_bytes(cfg: ModelConfig, batch: int, seq: int, plan: Plan) -> tuple[int
 # ----------------------------------------------------------------------------- estimate
 
 
-def estimate(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> MemoryEstimate:
-    """Peak bytes on one GPU for one training step (steady state: optimizer states exist)."""
-    if batch < 1 or seq < 1:
-        raise ValueError("batch and seq must be >= 1")
+@dataclass(frozen=True)
+class _Sizes:
+    """Parameter element counts on one GPU that the phases of a step need."""
+
+    local: int  # all parameters, TP + FSDP sharded
+    out: int  # output projection, TP + FSDP sharded
+    norm: int  # final norm
+    block: int  # one block, TP + FSDP sharded
+    block_tp: int  # one block, TP sharded only (what FSDP2 unshards)
+    block_lin: int  # the linears of one block, TP + FSDP sharded
+    lin: int  # every linear, TP + FSDP sharded
+    root_tp: int  # embedding + final norm + output projection, TP sharded only
+    out_tp: int  # output projection, TP sharded only
+    tensors: int  # parameter tensors (AdamW keeps a step counter for each)
+
+
+def _sizes(cfg: ModelConfig, plan: Plan) -> _Sizes:
     t, n = plan.tp, plan.shard
     shapes = param_shapes(cfg)
     local = {name: _local_numel(name, s, t, n) for name, s in shapes}
     tp_only = {name: _local_numel(name, s, t, 1) for name, s in shapes}
-    p_local = sum(local.values())
-    bf16 = plan.precision == "bf16"
-
-    params = 4 * p_local
-    buffers = 4 * cfg.max_seq_len * cfg.head_dim  # RoPE cos/sin cache, fp32, replicated
-    grads = 4 * p_local
-    optimizer = 8 * p_local + 4 * len(shapes)
-
     block0 = [name for name, _ in shapes if name.startswith("layers.0.")]
-    p_block_tp = sum(tp_only[x] for x in block0)
-    p_block_lin = sum(local[x] for x in block0 if _is_linear(x))
-    p_lin = sum(v for name, v in local.items() if _is_linear(name))
-    p_out = local["output.weight"]
-    p_root_tp = tp_only["tok_embeddings.weight"] + tp_only["norm.weight"] + tp_only["output.weight"]
+    return _Sizes(
+        local=sum(local.values()),
+        out=local["output.weight"],
+        norm=local["norm.weight"],
+        block=sum(local[x] for x in block0),
+        block_tp=sum(tp_only[x] for x in block0),
+        block_lin=sum(local[x] for x in block0 if _is_linear(x)),
+        lin=sum(v for name, v in local.items() if _is_linear(name)),
+        root_tp=tp_only["tok_embeddings.weight"] + tp_only["norm.weight"] + tp_only["output.weight"],
+        out_tp=tp_only["output.weight"],
+        tensors=len(shapes),
+    )
 
-    L = cfg.n_layers
-    n_ckpt = {"none": 0, "full": L, "selective": math.ceil(L / plan.ac_every)}[plan.ac]
+
+@dataclass(frozen=True)
+class _Activations:
+    """Bytes of what forward saves and what the loss allocates."""
+
+    total: int  # everything saved for backward, loss head included
+    per_block: int  # one block that is not checkpointed
+    block_input: int  # one checkpointed block (its input only)
+    lsm: int  # log_softmax output
+    tokens: int  # int64 inputs + targets
+    logits: int  # the logits the trainer holds
+    loss_buffers: int  # logits + nll_loss and log_softmax gradients
+    grad_flow: int  # two residual-stream gradients in flight during backward
+
+
+def _checkpointed(cfg: ModelConfig, plan: Plan) -> list[int]:
+    """Indices of the blocks that activation checkpointing wraps."""
+    return [j for j in range(cfg.n_layers)
+            if plan.ac == "full" or (plan.ac == "selective" and j % plan.ac_every == 0)]
+
+
+def _below(ckpt_blocks: list[int], j: int) -> int:
+    """Checkpointed blocks under block ``j``."""
+    return sum(1 for i in ckpt_blocks if i < j)
+
+
+def _activations(cfg: ModelConfig, batch: int, seq: int, plan: Plan, n_ckpt: int) -> _Activations:
+    t = plan.tp
     a_block = block_activation_bytes(cfg, batch, seq, plan)
-    resid = plan.residual_bytes
-    a_input = resid * cfg.dim * batch * seq // t  # a checkpointed block keeps only its input
+    a_input = plan.residual_bytes * cfg.dim * batch * seq // t  # a checkpointed block keeps only its input
     head, lsm, tok = _head_bytes(cfg, batch, seq, plan)
-    activations = n_ckpt * a_input + (L - n_ckpt) * a_block + head + lsm + tok
-
-    c = 2 if bf16 else 4
+    c = 2 if plan.precision == "bf16" else 4
     vs = _vocab_shards(plan)
     logits = c * batch * seq * cfg.vocab_size // vs
-    loss_buffers = logits + 2 * 4 * batch * seq * cfg.vocab_size // vs
+    return _Activations(
+        total=n_ckpt * a_input + (cfg.n_layers - n_ckpt) * a_block + head + lsm + tok,
+        per_block=a_block, block_input=a_input, lsm=lsm, tokens=tok, logits=logits,
+        loss_buffers=logits + 2 * 4 * batch * seq * cfg.vocab_size // vs,
+        grad_flow=2 * plan.residual_bytes * cfg.dim * batch * seq // t,
+    )
 
-    # Backward at checkpointed block j (recomputing it): blocks above j are done (their
-    # activations freed, their gradients written), the loss and head buffers are gone
-    # (the trainer still holds the logits), blocks below j keep what they saved, and
-    # two residual-stream gradients are in flight.
-    ckpt_blocks = [j for j in range(L) if plan.ac == "full" or (plan.ac == "selective" and j % plan.ac_every == 0)]
-    below = lambda j: sum(1 for i in ckpt_blocks if i < j)  # noqa: E731  checkpointed blocks under j
-    a_saved = lambda j: (below(j) + 1) * a_input + (j - below(j)) * a_block + tok  # noqa: E731
-    p_block = sum(local[x] for x in block0)
-    grads_so_far = lambda j: 4 * (p_out + local["norm.weight"] + (L - j) * p_block)  # noqa: E731  incl. block j
-    grad_flow = 2 * resid * cfg.dim * batch * seq // t
 
+def _weights(s: _Sizes, plan: Plan, ckpt_blocks: list[int]) -> tuple[int, int, Callable[[int], int], int]:
+    """bf16 compute weights: (alive at the end of forward, at the start of backward, while
+    recomputing checkpointed block j, FSDP2 gradient buffers in flight)."""
+    bf16 = plan.precision == "bf16"
     if plan.fsdp and bf16:
-        w_fwd = w_bwd = 2 * p_root_tp + 2 * 2 * p_block_tp
-        w_rec = lambda j: w_bwd  # noqa: E731
-        fsdp_buffers = 2 * tp_only["output.weight"] + 6 * p_block_tp
-    elif bf16:
-        w_fwd = 2 * p_lin  # autocast cache
-        w_bwd = 2 * (p_lin - n_ckpt * p_block_lin)  # saved by the linears that are not checkpointed
-        w_rec = lambda j: 2 * (j - below(j) + 1) * p_block_lin  # noqa: E731  blocks below j + the re-cast one
-        fsdp_buffers = 0
-    else:
-        w_fwd = w_bwd = fsdp_buffers = 0
-        w_rec = lambda j: 0  # noqa: E731
+        w = 2 * s.root_tp + 2 * 2 * s.block_tp
+        return w, w, (lambda j: w), 2 * s.out_tp + 6 * s.block_tp
+    if bf16:
+        w_fwd = 2 * s.lin  # autocast cache
+        w_bwd = 2 * (s.lin - len(ckpt_blocks) * s.block_lin)  # saved by the linears that are not checkpointed
+        # blocks below j + the re-cast one
+        return w_fwd, w_bwd, (lambda j: 2 * (j - _below(ckpt_blocks, j) + 1) * s.block_lin), 0
+    return 0, 0, (lambda j: 0), 0
+
+
+def _recompute(j: int, cfg: ModelConfig, s: _Sizes, act: _Activations, ckpt_blocks: list[int],
+               grads_kept: bool) -> int:
+    """Backward at checkpointed block j (recomputing it), beyond persistent state and weights:
+    blocks above j are done (their activations freed, their gradients written), the loss and
+    head buffers are gone (the trainer still holds the logits), blocks below j keep what they
+    saved, and two residual-stream gradients are in flight."""
+    below = _below(ckpt_blocks, j)
+    saved = (below + 1) * act.block_input + (j - below) * act.per_block + act.tokens
+    written = 0 if grads_kept else 4 * (s.out + s.norm + (cfg.n_layers - j) * s.block)  # incl. block j
+    return saved + act.logits + act.per_block + act.grad_flow + written
+
+
+def estimate(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> MemoryEstimate:
+    """Peak bytes on one GPU for one training step (steady state: optimizer states exist)."""
+    if batch < 1 or seq < 1:
+        raise ValueError("batch and seq must be >= 1")
+    s = _sizes(cfg, plan)
+    params = grads = 4 * s.local
+    buffers = 4 * cfg.max_seq_len * cfg.head_dim  # RoPE cos/sin cache, fp32, replicated
+    optimizer = 8 * s.local + 4 * s.tensors
+    ckpt_blocks = _checkpointed(cfg, plan)
+    act = _activations(cfg, batch, seq, plan, len(ckpt_blocks))
+    w_fwd, w_bwd, w_rec, fsdp_buffers = _weights(s, plan, ckpt_blocks)
 
     grads_kept = grads if (plan.strategy == "ddp" and plan.gpus > 1) else 0
     persistent = params + buffers + optimizer
     phases = {
-        "forward": persistent + grads_kept + w_fwd + (activations - lsm) + logits,
-        "backward": persistent + grads_kept + w_bwd + activations + loss_buffers + fsdp_buffers,
+        "forward": persistent + grads_kept + w_fwd + (act.total - act.lsm) + act.logits,
+        "backward": persistent + grads_kept + w_bwd + act.total + act.loss_buffers + fsdp_buffers,
         "step": persistent + grads,
     }
-    if n_ckpt:
+    if ckpt_blocks:
         phases["recompute"] = max(
-            persistent + grads_kept + w_rec(j) + a_saved(j) + logits + a_block + grad_flow + fsdp_buffers
-            + (0 if grads_kept else grads_so_far(j))
+            persistent + grads_kept + w_rec(j) + fsdp_buffers + _recompute(j, cfg, s, act, ckpt_blocks, bool(grads_kept))
             for j in ckpt_blocks
         )
     return MemoryEstimate(
         plan=plan, batch=batch, seq=seq, params=params, buffers=buffers, grads=grads, optimizer=optimizer,
-        weights_forward=w_fwd, weights_backward=w_bwd, activations=activations, activation_per_block=a_block,
-        tokens=tok, loss_buffers=loss_buffers, fsdp_buffers=fsdp_buffers, phases=phases,
+        weights_forward=w_fwd, weights_backward=w_bwd, activations=act.total, activation_per_block=act.per_block,
+        tokens=act.tokens, loss_buffers=act.loss_buffers, fsdp_buffers=fsdp_buffers, phases=phases,
     )
-
-
-# ----------------------------------------------------------------------------- planning
-
-
-def max_batch(cfg: ModelConfig, seq: int, plan: Plan, budget: int, limit: int = 4096) -> int:
-    """Largest per-GPU micro-batch whose peak fits in ``budget`` bytes (0 if none)."""
-    if estimate(cfg, 1, seq, plan).peak > budget:
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and estimate(cfg, hi, seq, plan).peak <= budget:
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:  # peak grows with batch: invariant lo fits, hi does not
-        mid = (lo + hi) // 2
-        if estimate(cfg, mid, seq, plan).peak <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def tp_degree(cfg: ModelConfig, gpus: int, max_tp: int = 8) -> int:
-    """Largest TP degree <= max_tp (one NVLink domain) dividing gpus, the heads and the FFN."""
-    for t in range(min(gpus, max_tp), 1, -1):
-        if gpus % t == 0 and cfg.n_heads % t == 0 and cfg.kv_heads % t == 0 and cfg.hidden_dim % t == 0:
-            return t
-    return 1
-
-
-def candidate_plans(cfg: ModelConfig, gpus: int, norm_fp32: bool = True) -> list[Plan]:
-    """Layouts in order of preference: no sharding before sharding (FSDP2's all-gathers
-    and reduce-scatters move about as many bytes as DDP's all-reduce but add latency),
-    no recomputation before AC (full AC costs about one extra forward, ~+33 % compute),
-    TP last (needs NVLink and makes the GEMMs smaller)."""
-    if gpus == 1:
-        plans = [Plan("single", 1), Plan("single", 1, ac="full")]
-    else:
-        plans = [Plan("ddp", gpus), Plan("fsdp", gpus), Plan("ddp", gpus, ac="full"), Plan("fsdp", gpus, ac="full")]
-        t = tp_degree(cfg, gpus)
-        if t > 1:
-            plans += [Plan("tp", gpus, tp=t), Plan("tp", gpus, tp=t, ac="full")]
-    return [replace(p, norm_fp32=norm_fp32) for p in plans]
-
-
-@dataclass
-class Recommendation:
-    plan: Plan | None
-    batch: int  # per-GPU micro-batch to use: largest power of two that fits, at least the one asked for
-    max_batch: int
-    reason: str
-    rows: list[dict]
-
-    def to_dict(self) -> dict:
-        return {
-            "strategy": self.plan.strategy if self.plan else None,
-            "label": self.plan.label if self.plan else None,
-            "ac": self.plan.ac if self.plan else None,
-            "tp": self.plan.tp if self.plan else None,
-            "batch_per_gpu": self.batch,
-            "max_batch_per_gpu": self.max_batch,
-            "reason": self.reason,
-        }
-
-
-def recommend(cfg: ModelConfig, seq: int, batch: int, gpus: int, gpu_bytes: int | None,
-              norm_fp32: bool = True) -> Recommendation:
-    """First layout (in :func:`candidate_plans` order) that fits ``batch`` sequences per
-    GPU into ``USABLE_FRACTION`` of ``gpu_bytes``; else the first that fits any batch."""
-    rows = []
-    budget = int(gpu_bytes * USABLE_FRACTION) if gpu_bytes else None
-    plans = candidate_plans(cfg, gpus, norm_fp32)
-    for plan in plans:
-        est = estimate(cfg, batch, seq, plan)
-        row = est.to_dict()
-        if budget is not None:
-            row["max_batch"] = max_batch(cfg, seq, plan, budget)
-            row["fits"] = est.peak <= budget
-        rows.append(row)
-    if budget is None:
-        return Recommendation(None, 0, 0, "GPU memory unknown: no recommendation", rows)
-    pow2 = lambda n: 1 << (n.bit_length() - 1)  # noqa: E731  largest power of two <= n
-    for plan, row in zip(plans, rows):
-        if row["fits"]:
-            mb = row["max_batch"]  # >= batch; suggest a power of two, never less than asked for
-            return Recommendation(plan, max(pow2(mb), batch), mb,
-                                  f"{plan.label} is the first layout that fits batch {batch} per GPU", rows)
-    for plan, row in zip(plans, rows):
-        if row["max_batch"] > 0:
-            mb = row["max_batch"]
-            return Recommendation(plan, pow2(mb), mb,
-                                  f"batch {batch} per GPU fits no layout; {plan.label} fits {mb}: reach the "
-                                  "global batch with gradient accumulation (train.global_batch_size)", rows)
-    return Recommendation(None, 0, 0, f"does not fit in {gpus} GPU(s) even at batch 1 with FSDP2 + AC: "
-                                      "add GPUs (nodes) or use a smaller preset / sequence", rows)

@@ -1,0 +1,99 @@
+"""The memory section of ``train doctor``'s report: the estimate and recommendation for a
+preset (``train.doctor.memory``, ``train.doctor.planning``) and, with ``--measure``, the
+peak of real training steps on GPU 0 to compare with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from train.doctor.memory import (
+    USABLE_FRACTION,
+    GiB,
+    Plan,
+    estimate,
+    norm_fp32_in_autocast,
+    param_count,
+)
+from train.doctor.planning import recommend
+from train.models.presets import MODEL_PRESETS
+
+
+def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | None, source: str,
+                   torch_version: str) -> dict:
+    """The estimate of every candidate layout and the recommended one, for ``gpus`` GPUs
+    of ``gpu_bytes`` each (None: unknown, no recommendation)."""
+    cfg = MODEL_PRESETS[preset]
+    rec = recommend(cfg, seq, batch, gpus, gpu_bytes, norm_fp32=norm_fp32_in_autocast(torch_version))
+    return {
+        "preset": preset,
+        "params": param_count(cfg),
+        "seq": seq,
+        "batch": batch,
+        "gpus": gpus,
+        "gpu_memory_gib": round(gpu_bytes / GiB, 1) if gpu_bytes else None,
+        "usable_fraction": USABLE_FRACTION,
+        "source": source,
+        "precision": "bf16 autocast, fp32 master weights and gradients, AdamW fp32 m/v",
+        "torch": torch_version,  # rms_norm's autocast policy depends on it (train.doctor.memory)
+        "estimates": rec.rows,
+        "recommendation": rec.to_dict(),
+    }
+
+
+def measure_step_peak(preset: str, seq: int, batch: int, ac: str = "none", steps: int = 3,
+                      device_index: int = 0) -> dict:
+    """Run ``steps`` real training steps of the preset on one GPU through ``train.trainer``
+    (synthetic data, bf16, ``parallel.ac=ac``) and compare ``torch.cuda.max_memory_allocated``
+    (less what was allocated before) with the estimate."""
+    import gc
+    import tempfile
+
+    import torch
+
+    from train.config import load_config
+    from train.dist import DistInfo
+    from train.trainer import Trainer
+
+    device = torch.device("cuda", device_index)
+    torch.cuda.set_device(device)
+    job = load_config(None, [
+        f"model.name={preset}", f"train.seq_len={seq}", f"train.batch_size={batch}", f"train.steps={steps}",
+        "data.source=synthetic", "train.precision=bf16", f"parallel.ac={ac}", "metrics.progress=false",
+    ])
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(job, DistInfo(0, 0, 1, device, None), Path(tmp))
+        wrapped = sum("checkpoint" in type(m).__name__.lower() for m in trainer.par.inner.modules())
+        if (ac == "none") != (wrapped == 0):
+            raise RuntimeError(f"parallel.ac={ac} but the trainer wrapped {wrapped} block(s) for checkpointing")
+        for _ in range(steps):
+            trainer.train_step()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        del trainer
+    gc.collect()
+    torch.cuda.empty_cache()
+    plan = Plan("single", 1, ac=ac, norm_fp32=norm_fp32_in_autocast(torch.__version__))
+    est = estimate(job.model, batch, seq, plan)
+    return {
+        "preset": preset, "seq": seq, "batch": batch, "ac": ac, "steps": steps,
+        "measured_bytes": int(peak), "estimate_bytes": est.peak, "estimate_phase": est.peak_phase,
+        "error": (est.peak - peak) / peak if peak else None,
+        "device": torch.cuda.get_device_name(device),
+    }
+
+
+def measure_all(report: dict, preset: str, seq: int, batch: int) -> list[dict]:
+    if not report["gpus"]:
+        report["notes"].append("--measure needs a CUDA GPU: skipped")
+        return [{"ac": ac, "skipped": "no CUDA GPU"} for ac in ("none", "full")]
+    results = []
+    for ac in ("none", "full"):
+        try:
+            results.append(measure_step_peak(preset, seq, batch, ac))
+        except Exception as exc:  # an OOM or a trainer error is reported, not fatal
+            results.append({"ac": ac, "failed": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
+    return results

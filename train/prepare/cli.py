@@ -1,0 +1,63 @@
+"""``train data``: the command group, and ``train data prepare``'s options and output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from train.console import fail, setup
+from train.errors import PrepareError
+from train.prepare.run import prepare
+
+
+def _parse_shard(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected I/N, e.g. 0/4") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise click.BadParameter(f"{value!r}: needs 0 <= I < N")
+    return i, n
+
+
+@click.group("data")
+def data() -> None:
+    """Prepare training data."""
+
+
+@data.command("prepare")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--tokenizer", required=True,
+              help="tokenizer.json, a directory with one, or a Hugging Face name (from the local cache unless --online).")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Token file to write (OUT.json beside it).")
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Processes; 0 = one per CPU core (at most one per unit).")
+@click.option("--text-field", default="text", show_default=True, help="JSONL key / Parquet or dataset column.")
+@click.option("--split", help="Split of a DatasetDict or hf: dataset (e.g. train).")
+@click.option("--shard", metavar="I/N", help="Tokenize only units I, I+N, ... (no merge); a run without it merges.")
+@click.option("--eos", help="Token appended after every document (default: the tokenizer's EOS).")
+@click.option("--online", is_flag=True, help="Allow downloads from the Hugging Face Hub (tokenizer, hf: datasets).")
+@click.option("--keep-parts", is_flag=True, help="Keep OUT.parts/ after merging.")
+def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, online, keep_parts) -> None:
+    """Tokenize text, JSONL, Parquet or datasets into a token file for data.source=file."""
+    setup()  # progress and resume lines on stderr (INFO)
+    try:
+        res = prepare(list(inputs), out, tokenizer, workers=workers, text_field=text_field, split=split,
+                      shard=_parse_shard(shard), eos=eos, online=online, keep_parts=keep_parts)
+    except click.BadParameter as exc:
+        fail(f"--shard {exc.message}", 2)
+    except PrepareError as exc:
+        fail(str(exc), 2)
+    except ImportError as exc:
+        fail(f"{exc.name or exc}: not installed (pip install 'hopper-train[data]')", 2)
+    fresh = res.num_tokens if not res.done_before else None
+    rate = f", {res.tokens_per_s:,.0f} tokens/s" if fresh and res.seconds else ""
+    if res.merged:
+        click.echo(f"{res.out}: {res.num_tokens:,} tokens, {res.documents:,} documents "
+                   f"({res.units} units, {res.done_before} resumed) in {res.seconds:.1f}s{rate}")
+    else:
+        click.echo(f"shard done: {res.units} units, {res.num_tokens:,} tokens in {res.seconds:.1f}s{rate}; "
+                   f"run again without --shard to merge into {res.out}")

@@ -1,0 +1,243 @@
+"""``train data prepare``'s driver: plan the units, skip the finished ones (resume), tokenize
+the rest over worker processes, merge the parts in plan order into OUT and write OUT.json."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from train.errors import PrepareError
+from train.prepare.tokenizer import load_tokenizer
+from train.prepare.units import Unit, plan_units
+from train.prepare.worker import init_worker, tokenize_unit
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 16 << 20  # text/JSONL unit size
+ARROW_ROWS = 20_000  # rows per unit of an Arrow file
+FORMAT = "hopper-train tokens v1"
+
+
+@dataclass
+class Result:
+    out: Path
+    num_tokens: int
+    documents: int
+    units: int
+    done_before: int  # units found finished from an earlier run
+    seconds: float
+    merged: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds else 0.0
+
+
+def _part(parts: Path, i: int) -> Path:
+    return parts / f"part-{i:06d}.bin"
+
+
+def _finished(parts: Path, i: int, unit: Unit, itemsize: int) -> tuple[int, int] | None:
+    meta = _part(parts, i).with_suffix(".json")
+    try:
+        info = json.loads(meta.read_text())
+        if info["key"] != unit.key() or _part(parts, i).stat().st_size != info["num_tokens"] * itemsize:
+            return None
+        return int(info["num_tokens"]), int(info["documents"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def prepare(inputs: list[str], out: Path, tokenizer: str, *, workers: int = 0, text_field: str = "text",
+            split: str | None = None, shard: tuple[int, int] | None = None, eos: str | None = None,
+            online: bool = False, keep_parts: bool = False, progress: bool = True) -> Result:
+    """Tokenize ``inputs`` into ``out`` (+ ``out.json``); with ``shard=(i, n)`` only units
+    i, i+n, ... into ``out.parts/`` (no merge). Raises PrepareError naming a bad input."""
+    t0 = time.perf_counter()
+    if out.suffix == ".json":
+        raise PrepareError(f"--out {out}: the metadata goes beside the token file as .json; name the token file .bin")
+    spec = load_tokenizer(tokenizer, online, eos)
+    dtype = "uint16" if spec.vocab_size <= 65536 else "uint32"
+    itemsize = np.dtype(dtype).itemsize
+    sources = sorted(inputs)
+    previous = _already_prepared(out, spec.sha256, sources, itemsize)
+    if previous is not None:
+        return previous
+    units = plan_units(inputs, split, online, CHUNK_BYTES, ARROW_ROWS)
+    if not units:
+        raise PrepareError("no input documents found")
+    parts = out.with_name(out.name + ".parts")
+    _claim_parts(parts, {"format": FORMAT, "tokenizer": {"name": spec.name, "sha256": spec.sha256},
+                         "eos_id": spec.eos_id, "text_field": text_field, "dtype": dtype,
+                         "units": [asdict(u) for u in units]})
+
+    mine = [i for i in range(len(units)) if shard is None or i % shard[1] == shard[0]]
+    done = {i: r for i in mine if (r := _finished(parts, i, units[i], itemsize)) is not None}
+    todo = [i for i in mine if i not in done]
+    if done:
+        log.info("resuming: %d of %d units already tokenized in %s", len(done), len(mine), parts)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+    log.info("tokenizing %d units with %d worker(s); tokenizer %s (vocab %d, sha256 %s, eos id %s)",
+             len(todo), workers, spec.name, spec.vocab_size, spec.sha256[:12], spec.eos_id)
+    results = dict(done)
+    job = (text_field, spec.eos_id, dtype)
+    with _ProgressBar(progress, len(mine), len(done)) as bar:
+        for i, result in _tokenize(units, todo, parts, job, spec.json, workers):
+            results[i] = result
+            bar.advance(result[0])
+    num_tokens = sum(r[0] for r in results.values())
+    documents = sum(r[1] for r in results.values())
+    if shard is not None:
+        return Result(out, num_tokens, documents, len(mine), len(done), time.perf_counter() - t0, False)
+
+    _merge(parts, len(units), out, num_tokens, dtype)
+    _write_meta(out.with_suffix(".json"), {
+        "format": FORMAT, "dtype": dtype, "vocab_size": spec.vocab_size, "num_tokens": num_tokens,
+        "documents": documents, "eos_id": spec.eos_id, "tokenizer": {"name": spec.name, "sha256": spec.sha256},
+        "sources": sources, "text_field": text_field})
+    if not keep_parts:
+        shutil.rmtree(parts, ignore_errors=True)
+    return Result(out, num_tokens, documents, len(units), len(done), time.perf_counter() - t0, True)
+
+
+def _already_prepared(out: Path, sha256: str, sources: list[str], itemsize: int) -> Result | None:
+    """A finished OUT from the same inputs and tokenizer: nothing to do. Any other OUT (or
+    OUT.json) is refused: it is never overwritten."""
+    meta_path = out.with_suffix(".json")
+    if not (out.exists() or meta_path.exists()):
+        return None
+    try:
+        old = json.loads(meta_path.read_text())
+        same = old.get("tokenizer", {}).get("sha256") == sha256 and old.get("sources") == sources
+    except (OSError, ValueError, AttributeError):
+        same = False
+    if same and out.is_file() and out.stat().st_size == int(old["num_tokens"]) * itemsize:
+        log.info("%s is already prepared from these inputs with this tokenizer; nothing to do", out)
+        return Result(out, int(old["num_tokens"]), int(old.get("documents", 0)), 0, 0, 0.0, True)
+    raise PrepareError(f"--out {out}: exists and was not prepared from these inputs with this tokenizer; "
+                       "choose another --out or remove it")
+
+
+def _claim_parts(parts: Path, plan: dict) -> None:
+    """``parts/plan.json`` records what the parts are of; a directory holding another plan is
+    refused (its parts belong to other inputs or options)."""
+    plan_file = parts / "plan.json"
+    if plan_file.is_file():
+        try:
+            old_plan = json.loads(plan_file.read_text())
+        except ValueError:
+            old_plan = None
+        if old_plan != plan:
+            raise PrepareError(f"{parts}: holds an unfinished preparation of other inputs or with another tokenizer "
+                               "or options; remove it or choose another --out")
+        return
+    parts.mkdir(parents=True, exist_ok=True)
+    tmp = plan_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan))
+    os.replace(tmp, plan_file)
+
+
+def _tokenize(units: list[Unit], todo: list[int], parts: Path, job: tuple, tok_json: str, workers: int):
+    """Yield (unit index, (tokens, documents)) as units finish: in this process when
+    ``workers`` is 1, else over a pool of spawned processes."""
+    if workers == 1:
+        init_worker(tok_json)
+        for i in todo:
+            yield i, tokenize_unit(units[i], *job, str(_part(parts, i)))
+        return
+    env_before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process: no oversubscription
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker,
+                                    initargs=(tok_json,)) as pool:
+            futures = {pool.submit(tokenize_unit, units[i], *job, str(_part(parts, i))): i for i in todo}
+            try:
+                for fut in cf.as_completed(futures):
+                    yield futures[fut], fut.result()
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    finally:
+        if env_before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = env_before
+
+
+def _merge(parts: Path, count: int, out: Path, num_tokens: int, dtype: str) -> None:
+    """The parts in plan order -> ``out`` (a temporary file renamed into place)."""
+    itemsize = np.dtype(dtype).itemsize
+    if num_tokens > (np.iinfo(np.uint32).max if dtype == "uint32" else 1 << 62):
+        raise PrepareError("too many tokens for one file")
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as dst:
+        for i in range(count):
+            with open(_part(parts, i), "rb") as src:
+                shutil.copyfileobj(src, dst, 16 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())
+    if tmp.stat().st_size != num_tokens * itemsize:
+        raise RuntimeError(f"merged {tmp}: {tmp.stat().st_size} bytes, expected {num_tokens * itemsize}")
+    os.replace(tmp, out)
+
+
+def _write_meta(meta_path: Path, meta: dict) -> None:
+    """OUT.json, written last: it is the commit point of a preparation."""
+    tmp_meta = meta_path.with_name(f".{meta_path.name}.tmp{os.getpid()}")
+    tmp_meta.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp_meta, meta_path)
+
+
+class _ProgressBar:
+    """rich progress on a terminal; a log line every ~10% of the units otherwise."""
+
+    def __init__(self, enabled: bool, total: int, done: int):
+        self.total, self.done, self.tokens = total, done, 0
+        self.bar = None
+        self.next_log = done
+        if enabled and sys.stderr.isatty():
+            try:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
+            except ImportError:
+                return
+            self.bar = Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[tokens]} tokens"), TimeRemainingColumn(),
+                                console=Console(stderr=True), transient=True)
+            self.task = self.bar.add_task("prepare", total=total, completed=done, tokens=0)
+
+    def __enter__(self):
+        if self.bar:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar:
+            self.bar.stop()
+
+    def advance(self, tokens: int) -> None:
+        self.done += 1
+        self.tokens += tokens
+        if self.bar:
+            self.bar.update(self.task, completed=self.done, tokens=f"{self.tokens:,}")
+        elif self.done >= self.next_log or self.done == self.total:
+            log.info("%d/%d units, %s tokens", self.done, self.total, f"{self.tokens:,}")
+            self.next_log = self.done + max(1, self.total // 10)

@@ -1,0 +1,100 @@
+"""``--tokenizer``: a ``tokenizer.json``, a directory holding one, or a Hub name (through
+``transformers.AutoTokenizer`` when installed, else ``huggingface_hub``), resolved to a fast
+(Rust) tokenizer, serialised for the worker processes, with its EOS token."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.errors import PrepareError
+
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+
+
+@dataclass
+class TokenizerSpec:
+    name: str
+    json: str  # the fast tokenizer, serialised (what workers load)
+    sha256: str
+    vocab_size: int
+    eos_id: int | None
+
+
+def _eos_from_config(directory: Path) -> str | None:
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = directory / name
+        if f.is_file():
+            try:
+                eos = json.loads(f.read_text()).get("eos_token")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(eos, dict):
+                eos = eos.get("content")
+            if isinstance(eos, str):
+                return eos
+    return None
+
+
+def load_tokenizer(name: str, online: bool = False, eos: str | None = None) -> TokenizerSpec:
+    """Resolve ``name`` to a fast tokenizer; raises PrepareError naming it."""
+    from tokenizers import Tokenizer
+
+    path = Path(name)
+    eos_text = None
+    if path.is_file():
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
+            raise PrepareError(f"--tokenizer {name}: not a tokenizer.json file ({exc})") from None
+        eos_text = _eos_from_config(path.parent)
+    elif path.is_dir() and (path / "tokenizer.json").is_file():
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        eos_text = _eos_from_config(path)
+    else:
+        tok, eos_text = _hub_tokenizer(name, online)
+    eos_text = eos or eos_text
+    eos_id = None
+    if eos_text is not None:
+        eos_id = tok.token_to_id(eos_text)
+        if eos_id is None:
+            raise PrepareError(f"--eos {eos_text!r}: not a token of tokenizer {name}")
+    else:
+        eos_id = next((tok.token_to_id(t) for t in EOS_NAMES if tok.token_to_id(t) is not None), None)
+    text = tok.to_str()
+    return TokenizerSpec(name, text, hashlib.sha256(text.encode()).hexdigest(),
+                         tok.get_vocab_size(with_added_tokens=True), eos_id)
+
+
+def _hub_tokenizer(name: str, online: bool):
+    """A Hub name, via transformers.AutoTokenizer when installed, else huggingface_hub."""
+    where = "the Hugging Face cache" if not online else "the Hugging Face Hub"
+    hint = "" if online else " (offline by default: pass --online to download it)"
+    if os.sep in name and not Path(name).exists() and name.startswith((".", "/")):
+        raise PrepareError(f"--tokenizer {name}: no such file or directory")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        AutoTokenizer = None  # noqa: N806
+    if AutoTokenizer is not None:
+        try:
+            hf = AutoTokenizer.from_pretrained(name, local_files_only=not online)
+        except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/...
+            raise PrepareError(f"--tokenizer {name}: not found in {where}{hint} ({type(exc).__name__})") from None
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is None:
+            raise PrepareError(f"--tokenizer {name}: has no fast (Rust) tokenizer; save it with tokenizer.json")
+        return backend, hf.eos_token
+    try:
+        from huggingface_hub import hf_hub_download
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise PrepareError(f"--tokenizer {name}: not a local file; Hub names need huggingface_hub ({exc})") from None
+    try:
+        file = hf_hub_download(name, "tokenizer.json", local_files_only=not online)
+    except Exception as exc:  # noqa: BLE001
+        raise PrepareError(f"--tokenizer {name}: not found in {where}{hint} ({type(exc).__name__})") from None
+    return Tokenizer.from_file(file), _eos_from_config(Path(file).parent)

@@ -1,0 +1,123 @@
+"""One unit of ``train data prepare`` -> one part file: read its documents, encode them with
+the fast tokenizer this worker process loaded, append EOS, write the part atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from train.errors import PrepareError
+from train.prepare.units import Unit
+
+BATCH_CHARS = 1 << 20  # characters handed to encode_batch at once
+
+_worker_tok = None
+
+
+def init_worker(tok_json: str) -> None:
+    """Load the serialised tokenizer once per worker process (the pool's initializer)."""
+    global _worker_tok
+    from tokenizers import Tokenizer
+
+    _worker_tok = Tokenizer.from_str(tok_json)
+
+
+def _texts(unit: Unit, field: str):
+    """Batches of documents of ``unit`` (lists of str)."""
+    if unit.kind in ("text", "jsonl"):
+        with open(unit.path, "rb") as fh:
+            fh.seek(unit.start)
+            blob = fh.read(unit.stop - unit.start)
+        if unit.kind == "text":
+            yield _text_pieces(blob)
+        else:
+            yield from _jsonl_batches(blob, unit, field)
+        return
+    docs = [d for d in _column(unit, field).to_pylist() if d]
+    for i in range(0, len(docs), 1024):
+        yield docs[i:i + 1024]
+
+
+def _text_pieces(blob: bytes) -> list[str]:
+    """One document, cut at newlines into pieces encode_batch can spread over threads."""
+    text = blob.decode("utf-8", errors="replace")
+    pieces, pos = [], 0
+    while pos < len(text):
+        end = text.find("\n", pos + BATCH_CHARS)
+        end = len(text) if end < 0 else end + 1
+        pieces.append(text[pos:end])
+        pos = end
+    return pieces
+
+
+def _jsonl_batches(blob: bytes, unit: Unit, field: str):
+    """The ``field`` strings of a JSONL byte range, in batches of about BATCH_CHARS."""
+    batch, chars = [], 0
+    for lineno, line in enumerate(blob.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)[field]
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise PrepareError(f"input {unit.path}: line {lineno} after byte {unit.start} is not a JSON object "
+                               f"with a string {field!r} field (--text-field)") from None
+        if not isinstance(doc, str):
+            raise PrepareError(f"input {unit.path}: line {lineno} after byte {unit.start}: field {field!r} "
+                               f"is {type(doc).__name__}, not a string")
+        batch.append(doc)
+        chars += len(doc)
+        if chars >= BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _column(unit: Unit, field: str):
+    """The ``field`` column of a Parquet row group or of an Arrow file's row range."""
+    if unit.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(unit.path)
+        if field not in pf.schema_arrow.names:
+            raise PrepareError(f"input {unit.path}: no column {field!r} (columns: {', '.join(pf.schema_arrow.names)}; "
+                               "--text-field)")
+        return pf.read_row_group(unit.start, columns=[field]).column(0)
+    import pyarrow as pa
+
+    with pa.memory_map(unit.path, "r") as src:
+        table = pa.ipc.open_stream(src).read_all()
+    if field not in table.column_names:
+        raise PrepareError(f"input {unit.path}: no column {field!r} (columns: {', '.join(table.column_names)}; "
+                           "--text-field)")
+    return table.column(field).slice(unit.start, unit.stop - unit.start)
+
+
+def tokenize_unit(unit: Unit, field: str, eos_id: int | None, dtype: str, part: str) -> tuple[int, int]:
+    """Tokenize one unit into ``part`` (atomically); returns (tokens, documents)."""
+    tok = _worker_tok
+    arrays, docs = [], 0
+    for batch in _texts(unit, field):
+        encoded = tok.encode_batch(batch, add_special_tokens=True)
+        if unit.kind == "text":  # pieces of one document
+            arrays += [np.asarray(e.ids, dtype=dtype) for e in encoded]
+            if unit.last:
+                docs += 1
+                if eos_id is not None:
+                    arrays.append(np.asarray([eos_id], dtype=dtype))
+            continue
+        for e in encoded:
+            arrays.append(np.asarray(e.ids, dtype=dtype))
+            if eos_id is not None:
+                arrays.append(np.asarray([eos_id], dtype=dtype))
+        docs += len(encoded)
+    tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+    tmp = f"{part}.tmp{os.getpid()}"
+    tokens.tofile(tmp)
+    os.replace(tmp, part)
+    Path(part).with_suffix(".json").write_text(json.dumps({"key": unit.key(), "num_tokens": int(tokens.size),
+                                                           "documents": docs}))
+    return int(tokens.size), docs
