@@ -138,12 +138,14 @@ def test_activation_checkpointing_lowers_activations_and_peak():
     assert none.activations - full.activations == cfg.n_layers * (none.activation_per_block - 4 * cfg.dim * 2 * 2048)
 
 
-def test_block_activation_formula_is_26d_plus_8f_bytes_per_token():
-    """bf16 on CUDA without TP: T (26 d + 8 f) + 8 T (rstd) + 4 b h s (logsumexp)."""
+def test_block_activation_formula_is_22d_plus_4g_plus_8f_bytes_per_token():
+    """bf16 on CUDA without TP: T (22 d + 4 g + 8 f) + 8 T (rstd) + 4 b h s (logsumexp),
+    g = KV width (K/V stay at their own heads under SDPA's enable_gqa)."""
     cfg = MODEL_PRESETS["1b"]
     b, s = 2, 1024
     T = b * s
-    expected = T * (26 * cfg.dim + 8 * cfg.hidden_dim) + 8 * T + 4 * b * cfg.n_heads * s
+    g = cfg.kv_heads * cfg.head_dim
+    expected = T * (22 * cfg.dim + 4 * g + 8 * cfg.hidden_dim) + 8 * T + 4 * b * cfg.n_heads * s
     assert block_activation_bytes(cfg, b, s) == expected
     tp = block_activation_bytes(cfg, b, s, Plan("tp", 4, tp=4))
     assert tp < block_activation_bytes(cfg, b, s) / 2  # mostly sharded; linear inputs stay full
@@ -155,7 +157,8 @@ def test_rms_norm_autocast_policy_only_matters_with_bf16_params():
     cfg, b, s = MODEL_PRESETS["1b"], 2, 1024
     T = b * s
     old = block_activation_bytes(cfg, b, s, Plan("fsdp", 8, norm_fp32=False))
-    assert old == T * (16 * cfg.dim + 8 * cfg.hidden_dim) + 8 * T + 4 * b * cfg.n_heads * s
+    g = cfg.kv_heads * cfg.head_dim  # K/V width (enable_gqa: not repeated)
+    assert old == T * (12 * cfg.dim + 4 * g + 8 * cfg.hidden_dim) + 8 * T + 4 * b * cfg.n_heads * s
     assert block_activation_bytes(cfg, b, s, Plan("fsdp", 8)) == block_activation_bytes(cfg, b, s)
     for strategy in ("single", "ddp"):  # fp32 residual stream: the norm runs in fp32 either way
         n = 1 if strategy == "single" else 8

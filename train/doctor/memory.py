@@ -23,7 +23,7 @@ Compute weights (bf16)
 
 Activations saved for backward, per block (Korthikanti et al. 2022, "Reducing
 Activation Recomputation in Large Transformer Models", adapted: SwiGLU MLP, GQA with
-K/V repeated to the query heads, fused SDPA/flash attention so no ``s x s`` score
+K/V kept at their own heads (SDPA's ``enable_gqa``), fused SDPA so no ``s x s`` score
 matrix, RMSNorm, fp32 residual stream under autocast). With ``T = b s`` tokens,
 ``d`` model dim, ``f`` FFN hidden, ``h`` query heads, ``c`` = 2 bytes (bf16), TP
 degree ``t`` with sequence-parallel norms::
@@ -33,11 +33,11 @@ degree ``t`` with sequence-parallel norms::
                   + 2 * 4 / t           rstd of both norms
                   + 3 * c d             bf16 casts of the norm output saved by wq, wk, wv
                   + 2 * c d             ... by w1, w3 (autocast casts per op, no sharing)
-                  + 4 * c d / t         q, k and v repeated to h heads, attention output
+                  + 2 * c (d + g) / t   q and attention output (h heads), k and v (g = KV width)
                   + 4 * c f / t ]       w1 out, w3 out, silu(w1 out), their product (w2 in)
               + 4 * b h s / t           attention logsumexp (fp32)
 
-i.e. ``T (8d/t + 5 c d + 4 c d/t + 4 c f/t)`` plus small terms: ``T (26 d + 8 f)`` bytes
+i.e. ``T (8d/t + 5 c d + 2 c (d + g)/t + 4 c f/t)`` plus small terms: ``T (22 d + 4 g + 8 f)`` bytes
 for bf16 without TP. (The CPU rms_norm is not fused and saves its normalised output
 too: ``+ 4d`` per norm; ``fused_norm=False``.) The linear inputs are all-gathered
 under sequence parallelism, so they do not shrink with ``t``.
@@ -259,7 +259,7 @@ def block_activation_bytes(cfg: ModelConfig, batch: int, seq: int, plan: Plan = 
     """Bytes one transformer block saves for backward (see the module docstring)."""
     t = plan.tp
     tokens = batch * seq
-    d, f, h, hd = cfg.dim, cfg.hidden_dim, cfg.n_heads, cfg.head_dim
+    d, f, h, hd, kv = cfg.dim, cfg.hidden_dim, cfg.n_heads, cfg.head_dim, cfg.kv_heads
     c = 2 if plan.precision == "bf16" else 4
     per_norm = plan.norm_bytes * d * (1 if plan.fused_norm else 2)  # fused: input; unfused: input + output
     casts = c != plan.norm_bytes  # autocast casts the fp32 norm output once per linear
@@ -268,7 +268,7 @@ def block_activation_bytes(cfg: ModelConfig, batch: int, seq: int, plan: Plan = 
         + 2 * 4 / t  # rstd
         + (3 if casts else 1) * c * d  # input(s) of wq, wk, wv (full size under SP)
         + (2 if casts else 1) * c * d  # input(s) of w1, w3
-        + 4 * c * h * hd / t  # q, k, v (repeated to h heads), attention output
+        + 2 * c * (h + kv) * hd / t  # q and attention output at h heads, k and v at kv heads (enable_gqa)
         + 4 * c * f / t  # SwiGLU: w1 out, w3 out, silu, product
     )
     return int(round(tokens * per_token)) + 4 * batch * h * seq // t  # + logsumexp
