@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from train import dist as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
@@ -21,10 +20,12 @@ from train.data import ShardInfo, build_loader
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
+from train.loss import head_args, loss_from
 from train.metrics import MetricsLogger, StepTimer, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler
 from train.parallel import Parallelized, parallelize
+from train.parallel.attention import sdpa_backend
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.trace import StepTracer, parse_window, phase
@@ -220,11 +221,12 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
-            with sync_ctx, self.par.loss_context():
+            attention = sdpa_backend(self.job.parallel.sdpa_backend, self.device)  # forward and backward (AC)
+            with sync_ctx, self.par.loss_context(), attention:
                 with phase("forward"):
                     with amp.autocast(self.precision, self.device), self.par.forward_context():
-                        logits = self.par.model(inputs)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1)) / self.accum
+                        out = self.par.model(inputs, *head_args(self.par, self.job.train, targets))
+                    loss = loss_from(out, targets, self.job.train) / self.accum
                 with phase("backward"):
                     if self.scaler is not None:
                         self.scaler.scale(loss).backward()

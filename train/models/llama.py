@@ -116,11 +116,20 @@ class Transformer(nn.Module):
             "rope", rope_cache(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False
         )
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    # Set from outside (``train.loss``): called as ``loss_head(h, output.weight, targets)``
+    # by ``forward(tokens, targets)`` to fuse the output projection into the loss.
+    loss_head = None
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits; with ``targets`` (and a ``loss_head`` installed) the loss instead."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope)
         h = self.norm(h) if self.norm is not None else h
+        if targets is not None:
+            if self.loss_head is None or self.output is None:
+                raise RuntimeError("Transformer.forward(tokens, targets) needs a loss_head and the output layer")
+            return self.loss_head(h, self.output.weight, targets)
         return self.output(h) if self.output is not None else h
 
     @torch.no_grad()
