@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from dist_utils import spawn
 
 import train.loss as loss_mod
-from dist_utils import spawn
 from train.config import load_config
 from train.errors import ConfigError
 from train.loss import IGNORE_INDEX, ChunkedLossHead, cross_entropy
