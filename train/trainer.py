@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from train import dist as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
+from train.comm.small_reduce import small_all_reduce
 from train.data import ShardInfo, build_loader
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
@@ -247,7 +247,7 @@ class Trainer:
         ])
         if self.info.backend is not None:
             with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
-                dist.all_reduce(vec)
+                vec = small_all_reduce(vec, self.job.comm.small_reduce)  # comm.small_reduce: nccl | symm_mem
                 vec[0] /= self.info.world_size
                 mean_loss, bad, stop, written = vec.tolist()
         else:

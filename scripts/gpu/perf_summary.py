@@ -78,11 +78,12 @@ def latency_table(d: Path) -> list[str]:
         data = _load(p)
         if not isinstance(data, dict):
             continue
-        lines += [f"### {p.stem}", "", "| size | " + " | ".join(f"{k} us" for k in data.get("impls", [])) + " | best |",
-                  "|---|" + "---|" * (len(data.get("impls", [])) + 1)]
+        impls = (data.get("meta") or {}).get("impls", [])
+        lines += [f"### {p.stem}", "", "| size | " + " | ".join(f"{k} us" for k in impls) + " | best | error |",
+                  "|---|" + "---|" * (len(impls) + 2)]
         for r in data.get("rows", []):
-            cells = [_num(r.get(f"{k}_us"), ".1f") for k in data.get("impls", [])]
-            lines.append(f"| {r.get('size')} | " + " | ".join(cells) + f" | {r.get('best')} |")
+            cells = [_num(r.get(f"{k}_us"), ".1f") for k in impls]
+            lines.append(f"| {r.get('size')} | " + " | ".join(cells) + f" | {r.get('best')} | {r.get('error', '')} |")
         lines.append("")
     return lines
 
