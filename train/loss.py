@@ -64,7 +64,8 @@ def _chunk_math(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
 
     x: [n, dim] and w: [vocab, dim] in the compute dtype; t: [n] targets. The softmax is
     taken in fp32; the gradient of the logits is cast back to the compute dtype for the
-    two matmuls, as autocast's backward would. ``grad_w`` comes back in fp32."""
+    two matmuls, as autocast's backward would. The gradients come back in the compute
+    dtype (the caller accumulates ``grad_w`` over chunks in fp32)."""
     logits = (x @ w.t()).float()
     lse = torch.logsumexp(logits, dim=-1)
     valid = t != IGNORE_INDEX
@@ -75,7 +76,7 @@ def _chunk_math(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
     cols = torch.arange(logits.shape[1], device=logits.device)
     grad = torch.where(cols[None, :] == safe[:, None], probs - 1.0, probs)
     grad = torch.where(valid[:, None], grad, torch.zeros_like(grad)).to(x.dtype)
-    return loss, grad @ w, (grad.t() @ x).float()
+    return loss, grad @ w, grad.t() @ x
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -101,7 +102,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 part_loss, part_gh, part_gw = step(x[start:end], w, t[start:end])
                 loss += part_loss
                 grad_h[start:end] = part_gh
-                grad_w += part_gw
+                grad_w += part_gw  # fp32 accumulator, in place (no fp32 copy of the part)
         count = (t != IGNORE_INDEX).sum().to(torch.float32)
         ctx.h_shape = h.shape
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype), count)

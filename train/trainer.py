@@ -25,7 +25,7 @@ from train.metrics import MetricsLogger, StepTimer, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler
 from train.parallel import Parallelized, parallelize
-from train.parallel.attention import sdpa_backend
+from train.parallel.attention import attention_context
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.trace import StepTracer, parse_window, phase
@@ -221,7 +221,7 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
-            attention = sdpa_backend(self.job.parallel.sdpa_backend, self.device)  # forward and backward (AC)
+            attention = attention_context(self.job.parallel, self.device, self.par.inner)  # forward and backward (AC)
             with sync_ctx, self.par.loss_context(), attention:
                 with phase("forward"):
                     with amp.autocast(self.precision, self.device), self.par.forward_context():

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 12 (faster and leaner than torchtitan; small-message all-reduce) on the GPU machines.
 #
-#   PART=levers  bash scripts/gpu/perf.sh   2xH200, ~6-8 min: each lever alone on 1b, 1 GPU
-#                                           (8x2048, compile, AC none, bf16), two variants at a
-#                                           time (GPU 0 and GPU 1 concurrently); the all-reduce
+#   PART=levers  bash scripts/gpu/perf.sh   2xH200, ~7-9 min: each lever alone on 1b, 1 GPU
+#                                           (8x2048, compile, AC none, bf16: train.loss,
+#                                           parallel.sdpa_backend, parallel.sdpa_gqa, and two
+#                                           combinations), GPU 0 and GPU 1 concurrently; the all-reduce
 #                                           latency table (NCCL vs symmetric memory, 2 GPUs);
 #                                           the step-time effect of comm.small_reduce (1b FSDP2).
 #   PART=titan1b bash scripts/gpu/perf.sh   2xH200, ~7 min: torchtitan vs ours, 1b bf16 and 1b
@@ -37,6 +38,7 @@ LOG="$W/log.txt"
 : >"$LOG"
 note() { echo "[perf.sh $(date +%T)] $*" | tee -a "$LOG"; }
 read -r -a OURS <<<"${OURS_ARGS:-}"
+BUDGET_S="${BUDGET_S:-570}"  # PART=levers: skip the last runs rather than outlive a 600 s device call
 TT="$PWD/.titan"
 TRUN=(python3 -m torch.distributed.run --standalone)
 STEP=(-m train bench step --device cuda --timeout-s 300 --out "$W")
@@ -69,20 +71,22 @@ plan() {  # NAME: a plan file from stdin
 }
 
 part_levers() {
-  note "levers: 1b, 1 GPU each, loss modes on GPU 0, attention backends on GPU 1"
+  note "levers: 1b, 1 GPU each, loss modes on GPU 0, attention (kernel, GQA) on GPU 1"
   local p0 p1
   p0=$(plan levers_loss <<'EOF'
 - {set: [train.loss=eager]}
 - {set: [train.loss=compiled]}
 - {set: [train.loss=chunked, train.loss_chunk_tokens=4096]}
 - {set: [train.loss=chunked, train.loss_chunk_tokens=16384]}
+- {set: [train.loss=compiled, parallel.sdpa_gqa=native, parallel.sdpa_backend=cudnn]}
 EOF
 )
   p1=$(plan levers_attn <<'EOF'
 - {set: [parallel.sdpa_backend=cudnn]}
 - {set: [parallel.sdpa_backend=flash]}
-- {set: [parallel.sdpa_backend=cudnn, train.loss=chunked]}
-- {set: [parallel.sdpa_backend=cudnn, train.loss=compiled]}
+- {set: [parallel.sdpa_gqa=native]}
+- {set: [parallel.sdpa_gqa=native, parallel.sdpa_backend=cudnn]}
+- {set: [train.loss=chunked, parallel.sdpa_gqa=native, parallel.sdpa_backend=cudnn]}
 EOF
 )
   ours 0 1 levers_loss 300 --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p0" &
@@ -106,7 +110,9 @@ EOF
 - {preset: 125m, batch: 2, seq: 512, compile: "off", steps: 40, warmup: 5, set: [comm.small_reduce=symm_mem]}
 EOF
 )
-    ours 0,1 2 small_reduce 180 --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p2"
+    local budget=$((BUDGET_S - SECONDS))
+    if [ "$budget" -lt 60 ]; then note "small_reduce skipped: ${budget}s left of BUDGET_S=$BUDGET_S"; return; fi
+    ours 0,1 2 small_reduce "$((budget < 180 ? budget : 180))" --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p2"
   else
     note "no comm.small_reduce in this checkout: step-time effect skipped"
   fi

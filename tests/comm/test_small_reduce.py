@@ -56,6 +56,35 @@ def test_symm_mem_falls_back_to_the_process_group_on_gloo(tmp_path):
     assert len([w for w in r["warnings"] if "unavailable" in w]) == 2  # once per reducer, not per call
 
 
+def _trainer_worker(rank, world, result_file):
+    import tempfile
+    from pathlib import Path
+
+    from train.dist import DistInfo
+    from train.trainer import Trainer
+
+    base = ["model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=64", "train.seq_len=16",
+            "train.batch_size=2", "train.device=cpu", "data.source=synthetic", "checkpoint.final=false",
+            "checkpoint.resume=never", "metrics.progress=false"]
+    info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
+    out = {}
+    for impl in ("nccl", "symm_mem"):
+        trainer = Trainer(load_config(None, [*base, f"comm.small_reduce={impl}"]), info, Path(tempfile.mkdtemp()))
+        out[impl] = [trainer.train_step() for _ in range(3)]
+        trainer.metrics.close()
+        trainer.release()
+    if rank == 0:
+        torch.save(out, result_file)
+
+
+def test_trainer_agreement_with_symm_mem_setting_on_gloo(tmp_path):
+    """The trainer's per-step agreement (mean loss, NaN, stop) is the same with either setting."""
+    out = tmp_path / "r.pt"
+    spawn(_trainer_worker, 2, out)
+    r = torch.load(out)
+    assert r["symm_mem"] == r["nccl"] and len(r["nccl"]) == 3
+
+
 def test_bench_comm_impl_latency_table_on_gloo(tmp_path):
     r = torchrun(["bench", "comm", "--backend", "gloo", "--impl", "nccl", "--min-bytes", "4K", "--max-bytes", "16K",
                   "--warmup", "2", "--iters", "3", "--out", str(tmp_path)], timeout=240)

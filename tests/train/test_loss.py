@@ -2,7 +2,8 @@
 gradients (w.r.t. the hidden states, the output weight and, through the model, every
 parameter and the inputs' embeddings); the trainer with each mode follows the same loss
 and gradient-norm trajectory in one process, and over 2 gloo processes with FSDP2 and
-DDP (gradient accumulation included); config validation; parallel.sdpa_backend."""
+DDP (gradient accumulation included); config validation; parallel.sdpa_backend and
+parallel.sdpa_gqa."""
 
 from __future__ import annotations
 
@@ -155,6 +156,34 @@ def test_sdpa_backend_math_runs_on_cpu_and_cuda_only_ones_are_refused():
         with pytest.raises(ConfigError, match=f"parallel.sdpa_backend={name}: needs a CUDA GPU"):
             sdpa_backend(name, torch.device("cpu"))
     assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()  # restored
+
+
+def test_native_gqa_equals_repeated_kv_heads():
+    """parallel.sdpa_gqa=native (SDPA's enable_gqa) computes what repeat_interleave does,
+    forward and backward; attention_context sets it on every attention module."""
+    from train.models.llama import Attention, Transformer
+    from train.parallel.attention import attention_context
+
+    job = load_config("tiny", ["model.dim=64", "model.n_layers=2", "model.n_heads=8", "model.n_kv_heads=2",
+                               "model.vocab_size=64", "parallel.sdpa_gqa=native"])
+    model = Transformer(job.model)
+    model.init_weights(2)
+    x = torch.randint(0, 64, (2, 24))
+    ref = model(x)
+    ref_grads = torch.autograd.grad(ref.square().mean(), list(model.parameters()))
+    with attention_context(job.parallel, torch.device("cpu"), model):
+        out = model(x)
+        grads = torch.autograd.grad(out.square().mean(), list(model.parameters()))
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    assert len(attns) == 2 and all(m.native_gqa for m in attns) and not Attention.native_gqa
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-7)
+    job.parallel.sdpa_gqa = "repeat"
+    with attention_context(job.parallel, torch.device("cpu"), model):
+        assert not any(m.native_gqa for m in attns)
+    with pytest.raises(ConfigError, match="parallel.sdpa_gqa: must be repeat or native"):
+        load_config(None, ["parallel.sdpa_gqa=both"])
 
 
 # ----------------------------------------------------------------------------- trainer

@@ -55,6 +55,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    # Grouped-query attention: False copies each KV head for its query heads
+    # (repeat_interleave) before SDPA; True lets SDPA share them (enable_gqa=True, no
+    # copies saved for backward). Same math; set from outside (parallel.sdpa_gqa).
+    native_gqa = False
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
@@ -71,10 +76,13 @@ class Attention(nn.Module):
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, seq, hd)
         rep = q.shape[1] // k.shape[1]
-        if rep > 1:  # grouped-query attention: share each KV head across `rep` query heads
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if rep > 1 and self.native_gqa:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            if rep > 1:  # grouped-query attention: share each KV head across `rep` query heads
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out = out.transpose(1, 2).reshape(bsz, seq, -1)
         return self.wo(out)
 
