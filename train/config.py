@@ -32,6 +32,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 # Config fields are numbers a job can actually use: integers fit int64 and floats are finite.
 INT_LIMIT = 2**63 - 1
 SEED_MAX = 2**32 - 1  # numpy's SeedSequence and torch.manual_seed(seed + 1000 * rank) both accept it
+LOSS_MODES = ("eager", "compiled", "chunked")  # train.loss, see train/loss.py
 
 
 @dataclass
@@ -101,6 +102,8 @@ class TrainConfig:
     max_nan_skips: int = 5
     timeout_s: int = 600  # process-group timeout: a hung collective ends the job after this
     shutdown_grace_s: int = 120  # SIGTERM: finish the step, checkpoint, exit within this
+    loss: str = "eager"  # eager | compiled | chunked: how the cross-entropy is computed (train/loss.py)
+    loss_chunk_tokens: int = 4096  # loss=chunked: tokens per chunk of the fused output projection + loss
 
     def validate(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "log_every", "timeout_s"):
@@ -120,6 +123,10 @@ class TrainConfig:
             raise ConfigError(f"train.seed: must be in 0..{SEED_MAX}, got {self.seed}")
         if self.timeout_s > 7 * 24 * 3600 or self.shutdown_grace_s > 24 * 3600:
             raise ConfigError("train.timeout_s must be at most 7 days and train.shutdown_grace_s at most 1 day")
+        if self.loss not in LOSS_MODES:
+            raise ConfigError(f"train.loss: must be one of {', '.join(LOSS_MODES)}, got {excerpt(self.loss)}")
+        if not 1 <= self.loss_chunk_tokens <= 1 << 24:
+            raise ConfigError(f"train.loss_chunk_tokens: must be in 1..{1 << 24}, got {self.loss_chunk_tokens}")
 
 
 @dataclass
@@ -187,6 +194,10 @@ class JobConfig:
                 f"comm.hook={self.comm.hook}: communication hooks are DDP hooks; parallel.strategy="
                 f"{self.parallel.strategy} does not use them (set comm.hook=none or parallel.strategy=ddp)"
             )
+        if self.train.loss == "chunked" and self.parallel.tp != 1:
+            raise ConfigError("train.loss=chunked: not with tensor parallelism (parallel.tp != 1): use eager or compiled")
+        if self.train.loss == "compiled" and self.parallel.tp != 1 and self.parallel.loss_parallel:
+            raise ConfigError("train.loss=compiled: not with parallel.loss_parallel (vocabulary-sharded logits)")
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(
                 f"train.seq_len: {self.train.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}"

@@ -12,19 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from train import dist as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
+from train.comm.small_reduce import small_all_reduce
 from train.data import ShardInfo, build_loader
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
+from train.loss import head_args, loss_from
 from train.metrics import MetricsLogger, StepTimer, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler
 from train.parallel import Parallelized, parallelize
+from train.parallel.attention import attention_context
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.trace import StepTracer, parse_window, phase
@@ -220,11 +221,12 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
-            with sync_ctx, self.par.loss_context():
+            attention = attention_context(self.job.parallel, self.device, self.par.inner)  # forward and backward (AC)
+            with sync_ctx, self.par.loss_context(), attention:
                 with phase("forward"):
                     with amp.autocast(self.precision, self.device), self.par.forward_context():
-                        logits = self.par.model(inputs)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1)) / self.accum
+                        out = self.par.model(inputs, *head_args(self.par, self.job.train, targets))
+                    loss = loss_from(out, targets, self.job.train) / self.accum
                 with phase("backward"):
                     if self.scaler is not None:
                         self.scaler.scale(loss).backward()
@@ -245,7 +247,7 @@ class Trainer:
         ])
         if self.info.backend is not None:
             with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
-                dist.all_reduce(vec)
+                vec = small_all_reduce(vec, self.job.comm.small_reduce)  # comm.small_reduce: nccl | symm_mem
                 vec[0] /= self.info.world_size
                 mean_loss, bad, stop, written = vec.tolist()
         else:

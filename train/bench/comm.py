@@ -207,38 +207,6 @@ def p2p_matrix(clock: _Clock, nbytes: int, device, rank: int, world: int, warmup
     return rows
 
 
-def _chart_sweep(ax, rows):
-    series: dict[str, list] = {}
-    for r in rows:
-        if r.get("busbw_GBps") is not None and not r["op"].endswith("(raw loop)"):
-            series.setdefault(f"{r['op']} {r['dtype']}", []).append((r["bytes"], r["busbw_GBps"]))
-    for label, pts in series.items():
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker=".", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title("collectives: bus bandwidth vs message size")
-    if series:
-        ax.legend(fontsize=8)
-
-
-def _chart_p2p(ax, rows):
-    import numpy as np
-
-    n = max([max(r["src"], r["dst"]) for r in rows], default=0) + 1
-    m = np.zeros((n, n))
-    for r in rows:
-        m[r["src"], r["dst"]] = r["bw_GBps"]
-    im = ax.imshow(m, cmap="viridis")
-    for r in rows:
-        ax.text(r["dst"], r["src"], f"{r['bw_GBps']:.1f}", ha="center", va="center", color="w", fontsize=8)
-    ax.set_xlabel("dst rank")
-    ax.set_ylabel("src rank")
-    ax.set_title("P2P send/recv bandwidth (GB/s)")
-    ax.figure.colorbar(im, ax=ax)
-
-
 SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps", "busbw_GBps"]
 
 
@@ -248,8 +216,8 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 @click.option("--ops", default=",".join(OPS), show_default=True, help="Comma-separated collectives.")
 @click.option("--dtype", "dtypes", default="float32", show_default=True,
               help=f"Comma-separated dtypes ({', '.join(DTYPES)}).")
-@click.option("--min-bytes", default="8", show_default=True)
-@click.option("--max-bytes", default="1G", show_default=True)
+@click.option("--min-bytes", default=None, help="Smallest message [default: 8; with --impl 4K].")
+@click.option("--max-bytes", default=None, help="Largest message [default: 1G; with --impl 4M].")
 @click.option("--factor", type=int, default=2, show_default=True, help="Size multiplier between steps.")
 @click.option("--warmup", type=int, default=5, show_default=True)
 @click.option("--iters", type=int, default=20, show_default=True)
@@ -261,8 +229,11 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
               help="Plain-loop dist.all_reduce reference at the largest size.")
 @click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None,
               help="Set NCCL_P2P_DISABLE / NCCL_SHM_DISABLE before init (docs/communication.md).")
+@click.option("--impl", "impl", default=None,
+              help="Small-message all-reduce latency instead of the sweep: comma list of nccl, symm_mem "
+                   "(symmetric-memory one-shot and two-shot kernels; CUDA only). See train/bench/latency.py.")
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
-@click.option("--name", default=None, help="Report name (default: comm, or comm_<link>).")
+@click.option("--name", default=None, help="Report name (default: comm, comm_<link>, or latency with --impl).")
 @click.option("--recommend", is_flag=True,
               help="From the all_reduce busbw at the largest size: none, LocalSGD or PowerSGD (train/comm/advice.py).")
 @click.option("--apply", "apply_path", type=click.Path(path_type=Path), default=None,
@@ -271,79 +242,124 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
               help="Achieved TFLOP/s per GPU for the recommendation (default: 40%% of 989, H100/H200 bf16).")
 @click.option("--tokens-per-gpu", type=int, default=None, help="Tokens per GPU per step (default 8192).")
 def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p, p2p_bytes,
-             raw, emulate_link, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> None:
-    """Collective bandwidth sweep (nccl-tests style) + P2P matrix. Run under torchrun."""
-    from train.bench.report import check_report
+             raw, emulate_link, impl, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> None:
+    """Collective bandwidth sweep (nccl-tests style) + P2P matrix, or (--impl) small-message
+    all-reduce latency of NCCL vs symmetric memory. Run under torchrun."""
     from train.console import fail
 
+    name = name or ("latency" if impl else "comm" + (f"_{emulate_link}" if emulate_link else ""))
     try:
-        check_report(out_dir, name or "comm")
-        op_list = [o.strip() for o in ops.split(",") if o.strip()]
-        if not op_list:
-            raise ValueError("--ops: empty list")
-        for o in op_list:
-            bus_factor(o, 2)
-        dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
-        if not dtype_list:
-            raise ValueError("--dtype: empty list")
-        for d in dtype_list:
-            if d not in DTYPES:
-                raise ValueError(f"--dtype: unknown {d!r} (known: {', '.join(DTYPES)})")
-        sizes = size_range(parse_size(min_bytes), parse_size(max_bytes), factor)
-        p2p_size = parse_size(p2p_bytes)
-        if warmup < 1 or iters < 1 or max_seconds <= 0:
-            raise ValueError("--warmup and --iters must be >= 1, --max-seconds > 0")
-        recommend = recommend or apply_path is not None
-        if recommend and "all_reduce" not in op_list:
-            raise ValueError("--recommend needs all_reduce in --ops")
-        if (tflops is not None and tflops <= 0) or (tokens_per_gpu is not None and tokens_per_gpu <= 0):
-            raise ValueError("--tflops and --tokens-per-gpu must be > 0")
-        if apply_path is not None and apply_path.is_dir():
-            raise ValueError(f"--apply {apply_path}: is a directory")
+        args = _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds,
+                           p2p_bytes, impl, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu)
     except ValueError as exc:
         fail(str(exc), 2)
+    info = _init(args["backend"], emulate_link)
+    meta = {"command": " ".join(["train", *sys.argv[1:]]), "backend": args["backend"], "world_size": info.world_size}
+    if args["impls"]:
+        _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta)
+        return
+    try:
+        rows, p2p_rows, ref = _run(info, args["ops"], args["dtypes"], args["sizes"], warmup, iters, max_seconds,
+                                   args["p2p_bytes"] if p2p else 0, raw)
+    finally:
+        from train import dist as tdist
+
+        tdist.shutdown()
+    if info.is_main:
+        _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name)
+        if args["recommend"]:
+            _recommend(rows, info.world_size, tflops, tokens_per_gpu, apply_path, out_dir / f"{name}.json")
+
+
+def _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p_bytes, impl,
+                out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> dict:
+    """Every argument checked before any process group exists (ValueError: usage error)."""
+    from train.bench.latency import parse_impls
+    from train.bench.report import check_report
+
+    check_report(out_dir, name)
+    impls = parse_impls(impl) if impl is not None else []
+    op_list = [o.strip() for o in ops.split(",") if o.strip()]
+    if not op_list:
+        raise ValueError("--ops: empty list")
+    for o in op_list:
+        bus_factor(o, 2)
+    dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
+    if not dtype_list:
+        raise ValueError("--dtype: empty list")
+    for d in dtype_list:
+        if d not in DTYPES:
+            raise ValueError(f"--dtype: unknown {d!r} (known: {', '.join(DTYPES)})")
+    lo, hi = ("4K", "4M") if impls else ("8", "1G")
+    sizes = size_range(parse_size(min_bytes or lo), parse_size(max_bytes or hi), factor)
+    if warmup < 1 or iters < 1 or max_seconds <= 0:
+        raise ValueError("--warmup and --iters must be >= 1, --max-seconds > 0")
+    recommend = recommend or apply_path is not None
+    if recommend and ("all_reduce" not in op_list or impls):
+        raise ValueError("--recommend needs all_reduce in --ops (and no --impl)")
+    if (tflops is not None and tflops <= 0) or (tokens_per_gpu is not None and tokens_per_gpu <= 0):
+        raise ValueError("--tflops and --tokens-per-gpu must be > 0")
+    if apply_path is not None and apply_path.is_dir():
+        raise ValueError(f"--apply {apply_path}: is a directory")
     from train.preflight import world_size_from_env
 
     if world_size_from_env() < 2:
-        fail("train bench comm needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)", 2)
+        raise ValueError("train bench comm needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)")
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "symm_mem" in impls and (backend != "nccl" or not torch.cuda.is_available()):
+        raise ValueError("--impl symm_mem: needs CUDA GPUs and the nccl backend (symmetric memory is GPU memory)")
+    return {"ops": op_list, "dtypes": dtype_list, "sizes": sizes, "p2p_bytes": parse_size(p2p_bytes),
+            "impls": impls, "backend": backend, "recommend": recommend}
 
+
+def _init(backend: str, emulate_link):
     from train import dist as tdist
-    from train.bench.compression import have_matplotlib
-    from train.bench.report import environment_meta, write_report
     from train.comm.links import emulate_link as apply_link
-    from train.comm.links import nccl_environment
+    from train.console import fail
 
     try:
         apply_link(emulate_link)
-        info = tdist.init_distributed("cuda" if backend == "nccl" else "cpu", timeout_s=900)
+        return tdist.init_distributed("cuda" if backend == "nccl" else "cpu", timeout_s=900)
     except (RuntimeError, ValueError) as exc:
         fail(str(exc), 1)
+
+
+def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> None:
+    from train import dist as tdist
+    from train.bench.latency import latency_rows, write_latency
+    from train.bench.report import environment_meta
+
+    clock = _Clock(info.device)
     try:
-        rows, p2p_rows, ref = _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds,
-                                   p2p_size if p2p else 0, raw)
+        rows = latency_rows(info, args["impls"], args["sizes"], DTYPES[args["dtypes"][0]],
+                            lambda fn: measure(clock, fn, warmup, iters, max_seconds)[0], human)
     finally:
         tdist.shutdown()
-    if not info.is_main:
-        return
-    name = name or ("comm" + (f"_{emulate_link}" if emulate_link else ""))
-    meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), "backend": backend,
-            "world_size": info.world_size, "emulate_link": emulate_link or "none",
+    if info.is_main:
+        meta = {**environment_meta(), **meta, "timing": "median of per-iteration CUDA events, slowest rank"}
+        write_latency(rows, args["impls"], args["dtypes"][0], out_dir, name, meta)
+
+
+def _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name) -> None:
+    from train.bench.comm_charts import chart_p2p, chart_sweep
+    from train.bench.compression import have_matplotlib
+    from train.bench.report import environment_meta, write_report
+    from train.comm.links import nccl_environment
+
+    meta = {**environment_meta(), **meta, "emulate_link": emulate_link or "none",
             "nccl_env": nccl_environment() or "defaults",
             "timing": "median of per-iteration CUDA events (perf_counter on CPU), slowest rank"}
     if ref:
         meta["raw_reference"] = ref
     table = write_report(out_dir, name, rows, SWEEP_COLUMNS + ["error"] * any("error" in r for r in rows),
-                         meta, chart=_chart_sweep if have_matplotlib() else None)
+                         meta, chart=chart_sweep if have_matplotlib() else None)
     click.echo(table)
     if p2p_rows:
         click.echo("")
         p2p_cols = ["src", "dst", "bytes", "iters", "time_us", "bw_GBps"]
         click.echo(write_report(out_dir, f"{name}_p2p", p2p_rows, p2p_cols, meta,
-                                chart=_chart_p2p if have_matplotlib() else None))
-    if recommend:
-        _recommend(rows, info.world_size, tflops, tokens_per_gpu, apply_path, out_dir / f"{name}.json")
+                                chart=chart_p2p if have_matplotlib() else None))
     if ref:
         click.echo(f"\nall_reduce {ref['dtype']} {human(ref['bytes'])}: "
                    f"bench busbw {ref['bench_busbw_GBps']:.2f} GB/s, raw loop {ref['raw_busbw_GBps']:.2f} GB/s "

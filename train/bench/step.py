@@ -22,6 +22,11 @@ Strategies: ``ddp``; ``fsdp`` (shard over all ranks); ``hsdp`` (2 replicas x sha
 torchao recipes (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``, ``mxfp8``) or
 Transformer Engine ones (``te:current``, ``te:delayed``, ``te:mxfp8``).
 
+The loss and attention levers go through ``--set`` like any config key (the step is the
+trainer's own, so they apply here as in ``train run``): ``--set train.loss=chunked``
+(eager | compiled | chunked, ``train.loss_chunk_tokens``), ``--set parallel.sdpa_backend=cudnn``
+(auto | flash | cudnn | efficient | math); a plan's per-grid ``set`` measures them side by side.
+
 ``--plan FILE.yaml`` runs several grids in one launch: a list of mappings with the
 option names as keys (``preset``, ``strategy``, ``fp8``, ``ac``, ``compile``, ``batch``,
 ``seq``, ``steps``, ``warmup``, ``data``, ``set``); unset keys take the command-line

@@ -55,6 +55,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    # Grouped-query attention: False copies each KV head for its query heads
+    # (repeat_interleave) before SDPA; True lets SDPA share them (enable_gqa=True, no
+    # copies saved for backward). Same math; set from outside (parallel.sdpa_gqa).
+    native_gqa = True
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
@@ -70,9 +75,14 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, seq, hd)
-        # grouped-query attention: the kernel shares each KV head across its query heads,
-        # so the repeated K/V are never materialised (nor saved for backward)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1 and self.native_gqa:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            if rep > 1:  # grouped-query attention: share each KV head across `rep` query heads
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out = out.transpose(1, 2).reshape(bsz, seq, -1)
         return self.wo(out)
 
@@ -114,11 +124,20 @@ class Transformer(nn.Module):
             "rope", rope_cache(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False
         )
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    # Set from outside (``train.loss``): called as ``loss_head(h, output.weight, targets)``
+    # by ``forward(tokens, targets)`` to fuse the output projection into the loss.
+    loss_head = None
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits; with ``targets`` (and a ``loss_head`` installed) the loss instead."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope)
         h = self.norm(h) if self.norm is not None else h
+        if targets is not None:
+            if self.loss_head is None or self.output is None:
+                raise RuntimeError("Transformer.forward(tokens, targets) needs a loss_head and the output layer")
+            return self.loss_head(h, self.output.weight, targets)
         return self.output(h) if self.output is not None else h
 
     @torch.no_grad()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs")
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 
 
 @dataclass
@@ -36,6 +37,11 @@ class ParallelConfig:
     compile: bool = False
     compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs
     compile_backend: str = "inductor"  # inductor | aot_eager (debugging: traces, no code generation)
+    # scaled_dot_product_attention kernel, applied around forward and backward (sdpa_kernel):
+    # auto (torch picks) | flash | cudnn | efficient | math
+    sdpa_backend: str = "auto"
+    # grouped-query attention: native (enable_gqa=True: K/V never repeated) | repeat (copy each KV head per query head)
+    sdpa_gqa: str = "native"
 
     def validate(self) -> None:
         from train.errors import ConfigError
@@ -66,6 +72,10 @@ class ParallelConfig:
             raise ConfigError(f"parallel.ac_every: must be >= 1, got {self.ac_every}")
         if self.compile_mode not in COMPILE_MODES:
             raise ConfigError(f"parallel.compile_mode: must be one of {', '.join(COMPILE_MODES)}")
+        if self.sdpa_backend not in SDPA_BACKENDS:
+            raise ConfigError(f"parallel.sdpa_backend: must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa_backend!r}")
+        if self.sdpa_gqa not in ("repeat", "native"):
+            raise ConfigError(f"parallel.sdpa_gqa: must be repeat or native, got {self.sdpa_gqa!r}")
         if self.compile_backend not in ("inductor", "aot_eager"):
             raise ConfigError(f"parallel.compile_backend: must be inductor or aot_eager, got {self.compile_backend!r}")
 

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Issue 12 (faster and leaner than torchtitan; small-message all-reduce) on the GPU machines.
+#
+#   PART=levers  bash scripts/gpu/perf.sh   2xH200, ~7-9 min: each lever alone on 1b, 1 GPU
+#                                           (8x2048, compile, AC none, bf16: train.loss,
+#                                           parallel.sdpa_backend, parallel.sdpa_gqa, and two
+#                                           combinations), GPU 0 and GPU 1 concurrently; the all-reduce
+#                                           latency table (NCCL vs symmetric memory, 2 GPUs);
+#                                           the step-time effect of comm.small_reduce (1b FSDP2).
+#   PART=titan1b bash scripts/gpu/perf.sh   2xH200, ~7 min: torchtitan vs ours, 1b bf16 and 1b
+#                                           FP8 tensorwise on one GPU each (titan on GPU 0, ours on
+#                                           GPU 1, concurrently), then 1b bf16 FSDP2 on 2 GPUs.
+#   PART=titan8b bash scripts/gpu/perf.sh   2xH200, ~9 min: 8b FSDP2 2 GPUs AC full 4x2048, bf16
+#                                           and FP8 tensorwise, both sides.
+#   PART=rowwise bash scripts/gpu/perf.sh   2xH200, ~5 min: 8b FP8 rowwise, both sides.
+#   PART=fp8loss bash scripts/gpu/perf.sh   2xH200, ~8 min: 8b FSDP2, 200 steps on the embedded
+#                                           text, bf16 vs FP8 tensorwise (final losses).
+#   PART=h100    bash scripts/gpu/perf.sh   1 GPU (H100), ~7 min: the two 1b single-GPU points,
+#                                           both sides, one after the other.
+# PART may be a comma list (run in order). OURS_ARGS: extra `train bench step` arguments for
+# every run of ours in the titan*/rowwise/fp8loss/h100 parts, e.g.
+#   OURS_ARGS="--set train.loss=chunked --set parallel.sdpa_backend=cudnn"
+# torchtitan's side needs .titan/ (titan_bench.py + torchtitan-src, see
+# ../shared/tools/titan_bench.md) and torchao from .whl/: carry both.
+# Results: $OUT/summary.md (also printed), $OUT/results.json (every JSON of the run, by file
+# name), $OUT/perf-<parts>.tgz (all JSON/MD/logs), $OUT/log.txt. Every run is time-boxed;
+# a failing one is logged and the script goes on. NVLink multicast stays off (common.sh).
+set -uo pipefail
+# shellcheck source=scripts/gpu/common.sh
+source "$(dirname "$0")/common.sh"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-8}"
+FINAL_OUT="${OUT:-runs/gpu-out}"
+PART="${PART:-levers}"
+W="/tmp/perf-${PART//,/_}"
+rm -rf "$W"
+mkdir -p "$W" "$FINAL_OUT"
+LOG="$W/log.txt"
+: >"$LOG"
+note() { echo "[perf.sh $(date +%T)] $*" | tee -a "$LOG"; }
+read -r -a OURS <<<"${OURS_ARGS:-}"
+BUDGET_S="${BUDGET_S:-570}"  # PART=levers: skip the last runs rather than outlive a 600 s device call
+TT="$PWD/.titan"
+TRUN=(python3 -m torch.distributed.run --standalone)
+STEP=(-m train bench step --device cuda --timeout-s 300 --out "$W")
+P1B=(--preset 1b --batch 8 --seq 2048 --compile on --ac none --steps 15 --warmup 4)
+P8B=(--preset 8b --batch 4 --seq 2048 --compile on --ac full --steps 10 --warmup 3)
+python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(),
+  torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' 2>&1 | tee -a "$LOG"
+
+ours() {  # GPUS NPROC NAME LIMIT ARGS...: one `train bench step` launch
+  local gpus=$1 nproc=$2 name=$3 limit=$4
+  shift 4
+  CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" "${TRUN[@]}" --nproc-per-node "$nproc" "${STEP[@]}" \
+    --name "$name" "$@" >"$W/$name.log" 2>&1 || note "$name failed (exit $?); see $name.log"
+  note "$name done"
+}
+
+titan() {  # GPUS NPROC NAME LIMIT ARGS...: titan_bench.py, result in titan_NAME.json
+  local gpus=$1 nproc=$2 name=$3 limit=$4
+  shift 4
+  if [ ! -f "$TT/titan_bench.py" ]; then note "titan_$name skipped: no .titan/titan_bench.py (carry .titan)"; return; fi
+  PYTHONPATH="$TT/torchtitan-src:${PYTHONPATH:-}" CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" \
+    "${TRUN[@]}" --nproc-per-node "$nproc" "$TT/titan_bench.py" --out "$W/titan_$name.json" "$@" \
+    >"$W/titan_$name.log" 2>&1 || note "titan_$name failed (exit $?); see titan_$name.log"
+  note "titan_$name done"
+}
+
+plan() {  # NAME: a plan file from stdin
+  cat >"$W/$1.yaml"
+  echo "$W/$1.yaml"
+}
+
+part_levers() {
+  note "levers: 1b, 1 GPU each, loss modes on GPU 0, attention (kernel, GQA) on GPU 1"
+  local p0 p1
+  p0=$(plan levers_loss <<'EOF'
+- {set: [train.loss=eager]}
+- {set: [train.loss=compiled]}
+- {set: [train.loss=chunked, train.loss_chunk_tokens=4096]}
+- {set: [train.loss=chunked, train.loss_chunk_tokens=16384]}
+- {set: [train.loss=compiled, parallel.sdpa_backend=cudnn]}
+EOF
+)
+  p1=$(plan levers_attn <<'EOF'
+- {set: [parallel.sdpa_backend=cudnn]}
+- {set: [parallel.sdpa_backend=flash]}
+- {set: [parallel.sdpa_gqa=repeat]}
+- {set: [parallel.sdpa_gqa=repeat, parallel.sdpa_backend=cudnn]}
+- {set: [train.loss=chunked, parallel.sdpa_backend=cudnn]}
+EOF
+)
+  ours 0 1 levers_loss 300 --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p0" &
+  ours 1 1 levers_attn 300 --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p1" &
+  wait
+  if python3 -m train bench comm --help 2>/dev/null | grep -q -- '--impl'; then
+    note "all-reduce latency 4K..4M: NCCL vs symmetric memory one-shot/two-shot (2 GPUs)"
+    CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 90 "${TRUN[@]}" --nproc-per-node 2 -m train bench comm \
+      --impl nccl,symm_mem --min-bytes 4K --max-bytes 4M --out "$W" --name latency >"$W/latency.log" 2>&1 \
+      || note "latency failed (exit $?); see latency.log"
+  else
+    note "train bench comm has no --impl in this checkout: latency table skipped"
+  fi
+  if python3 -c 'from train.comm.config import CommConfig; assert hasattr(CommConfig, "small_reduce")' 2>/dev/null; then
+    note "comm.small_reduce nccl vs symm_mem: 1b FSDP2 on 2 GPUs, and 125m (short steps)"
+    local p2
+    p2=$(plan small_reduce <<'EOF'
+- {set: [comm.small_reduce=nccl]}
+- {set: [comm.small_reduce=symm_mem]}
+- {preset: 125m, batch: 2, seq: 512, compile: "off", steps: 40, warmup: 5, set: [comm.small_reduce=nccl]}
+- {preset: 125m, batch: 2, seq: 512, compile: "off", steps: 40, warmup: 5, set: [comm.small_reduce=symm_mem]}
+EOF
+)
+    local budget=$((BUDGET_S - SECONDS))
+    if [ "$budget" -lt 60 ]; then note "small_reduce skipped: ${budget}s left of BUDGET_S=$BUDGET_S"; return; fi
+    ours 0,1 2 small_reduce "$((budget < 180 ? budget : 180))" --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p2"
+  else
+    note "no comm.small_reduce in this checkout: step-time effect skipped"
+  fi
+}
+
+part_titan1b() {
+  note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
+  (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
+  (ours 1 1 1b_bf16 280 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+   ours 1 1 1b_fp8 220 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}") &
+  wait
+  titan 0,1 2 1b_fsdp2 200 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_fsdp2 200 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+}
+
+part_titan8b() {
+  note "titan8b: 8b FSDP2 2 GPUs AC full 4x2048, bf16 and FP8 tensorwise"
+  titan 0,1 2 8b_bf16 150 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16 150 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}"
+  titan 0,1 2 8b_fp8 130 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8 130 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}"
+}
+
+part_rowwise() {
+  note "rowwise: 8b FSDP2 2 GPUs AC full, FP8 rowwise"
+  titan 0,1 2 8b_fp8_rowwise 150 "${P8B[@]}" --fp8 rowwise
+  ours 0,1 2 8b_fp8_rowwise 150 --strategy fsdp --fp8 rowwise "${P8B[@]}" "${OURS[@]}"
+}
+
+part_fp8loss() {
+  note "fp8loss: 8b FSDP2 2 GPUs, 200 steps on the embedded text, bf16 then FP8 tensorwise"
+  ours 0,1 2 fp8loss 560 --strategy fsdp --fp8 none,tensorwise --preset 8b --batch 4 --seq 2048 --compile on \
+    --ac full --steps 195 --warmup 5 --data embedded "${OURS[@]}"
+}
+
+part_h100() {
+  note "h100: 1b bf16 and FP8 tensorwise on one GPU, torchtitan then ours"
+  titan 0 1 1b_bf16 200 "${P1B[@]}" --fp8 none
+  ours 0 1 1b_bf16 200 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+  titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise
+  ours 0 1 1b_fp8 150 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
+}
+
+IFS=, read -r -a PARTS <<<"$PART"
+for p in "${PARTS[@]}"; do
+  case "$p" in
+    levers | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (levers, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+  esac
+done
+
+python3 "$(dirname "$0")/perf_summary.py" "$W" >"$W/summary.md" 2>>"$LOG" || note "summary failed"
+python3 - "$W" >"$FINAL_OUT/results.json" <<'EOF' || note "results.json failed"
+import json, sys
+from pathlib import Path
+out = {}
+for p in sorted(Path(sys.argv[1]).glob("*.json")):
+    try:
+        out[p.name] = json.loads(p.read_text())
+    except ValueError as exc:
+        out[p.name] = {"unreadable": str(exc)}
+print(json.dumps(out, indent=1))
+EOF
+cp "$W/summary.md" "$LOG" "$FINAL_OUT/" 2>/dev/null || true
+tar -czf "$FINAL_OUT/perf-${PART//,/_}.tgz" -C "$W" . || note "tar failed"
+cat "$W/summary.md"

@@ -1,0 +1,110 @@
+"""``train bench comm --impl nccl,symm_mem``: small-message all-reduce latency.
+
+For every size (default 4 KiB .. 4 MiB, times ``--factor``): the sum all-reduce of that
+many bytes through
+
+* ``nccl``: ``dist.all_reduce`` on the process group (gloo on CPU);
+* ``one_shot``: ``torch.ops.symm_mem.one_shot_all_reduce`` on a symmetric buffer (one
+  kernel; every rank reads all peers' buffers over NVLink and reduces);
+* ``two_shot``: ``torch.ops.symm_mem.two_shot_all_reduce_`` in place (reduce-scatter then
+  all-gather through peer pointers);
+
+``symm_mem`` in ``--impl`` means both symmetric-memory kernels. Multicast (NVLS, the
+``multimem_*`` kernels) is never used; ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` is set to 1
+unless the environment sets it. Each implementation's first call is checked: the result
+must equal the sum over ranks of ``rank + 1``. Timing as the bandwidth sweep: CUDA events
+around each call, median per rank, the slowest rank's median (``train.bench.comm.measure``).
+Output: a table (size, one column of microseconds per implementation, best) and JSON.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+IMPL_CHOICES = ("nccl", "symm_mem")
+COLUMN_IMPLS = {"nccl": ("nccl",), "symm_mem": ("one_shot", "two_shot")}
+
+
+def parse_impls(text: str) -> list[str]:
+    impls = [t.strip() for t in text.split(",") if t.strip()]
+    if not impls:
+        raise ValueError("--impl: empty list")
+    for impl in impls:
+        if impl not in IMPL_CHOICES:
+            raise ValueError(f"--impl: unknown {impl!r} (valid: {', '.join(IMPL_CHOICES)})")
+    return list(dict.fromkeys(impls))
+
+
+def columns(impls: list[str]) -> list[str]:
+    return [c for impl in impls for c in COLUMN_IMPLS[impl]]
+
+
+def _callables(kind: str, count: int, dtype, device):
+    """(fn, check) for one implementation; ``check()`` runs one reduction of rank + 1."""
+    rank = dist.get_rank()
+    if kind == "nccl":
+        x = torch.zeros(count, dtype=dtype, device=device)
+
+        def check():
+            y = torch.full((count,), rank + 1, dtype=dtype, device=device)
+            dist.all_reduce(y)
+            return y
+        return (lambda: dist.all_reduce(x)), check
+    from train.comm.small_reduce import rendezvous_buffer
+
+    buf, name = rendezvous_buffer(count, dtype, device)
+    ops = torch.ops.symm_mem
+
+    def check():
+        buf.fill_(rank + 1)
+        dist.barrier()
+        out = ops.one_shot_all_reduce(buf, "sum", name) if kind == "one_shot" else ops.two_shot_all_reduce_(buf, "sum", name)
+        torch.cuda.synchronize(device)
+        dist.barrier()
+        result = out.clone()
+        buf.zero_()
+        dist.barrier()
+        return result
+
+    if kind == "one_shot":
+        return (lambda: ops.one_shot_all_reduce(buf, "sum", name)), check
+    return (lambda: ops.two_shot_all_reduce_(buf, "sum", name)), check  # zeros stay zeros
+
+
+def latency_rows(info, impls: list[str], sizes: list[int], dtype, time_fn, size_label) -> list[dict]:
+    """One row per size: microseconds per implementation (``time_fn(fn)`` -> the slowest
+    rank's median seconds per call) and the fastest one."""
+    world = info.world_size
+    expected = world * (world + 1) / 2
+    elem = torch.empty((), dtype=dtype).element_size()
+    rows = []
+    for nbytes in sizes:
+        count = max(1, nbytes // elem)
+        row: dict = {"size": size_label(count * elem), "bytes": count * elem}
+        for kind in columns(impls):
+            try:
+                fn, check = _callables(kind, count, dtype, info.device)
+                got = check()
+                if not bool((got == expected).all()):
+                    raise RuntimeError(f"wrong sum: got {got.flatten()[0].item()}, want {expected}")
+                row[f"{kind}_us"] = time_fn(fn) * 1e6
+            except (RuntimeError, ValueError, TypeError) as exc:
+                row[f"{kind}_us"] = None
+                row.setdefault("error", f"{kind}: {' '.join(str(exc).split())[:150]}")
+        timed = {k: row[f"{k}_us"] for k in columns(impls) if row.get(f"{k}_us") is not None}
+        row["best"] = min(timed, key=timed.get) if timed else "-"
+        rows.append(row)
+    return rows
+
+
+def write_latency(rows: list[dict], impls: list[str], dtype_name: str, out_dir, name: str, meta: dict) -> None:
+    import click
+
+    from train.bench.report import write_report
+
+    cols = ["size", *(f"{k}_us" for k in columns(impls)), "best"] + ["error"] * any("error" in r for r in rows)
+    meta = {**meta, "impls": columns(impls), "dtype": dtype_name,
+            "multicast": "disabled (TORCH_SYMM_MEM_DISABLE_MULTICAST=1; no multimem kernels)"}
+    click.echo(write_report(out_dir, name, rows, cols, meta))
+    click.echo(f"wrote {out_dir / name}.json/.md")
