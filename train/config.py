@@ -32,7 +32,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 # Config fields are numbers a job can actually use: integers fit int64 and floats are finite.
 INT_LIMIT = 2**63 - 1
 SEED_MAX = 2**32 - 1  # numpy's SeedSequence and torch.manual_seed(seed + 1000 * rank) both accept it
-LOSS_MODES = ("eager", "compiled", "chunked")  # train.loss, see train/loss.py
+LOSS_MODES = ("auto", "eager", "compiled", "chunked")  # train.loss, see train/loss.py
 
 
 @dataclass
@@ -102,7 +102,7 @@ class TrainConfig:
     max_nan_skips: int = 5
     timeout_s: int = 600  # process-group timeout: a hung collective ends the job after this
     shutdown_grace_s: int = 120  # SIGTERM: finish the step, checkpoint, exit within this
-    loss: str = "eager"  # eager | compiled | chunked: how the cross-entropy is computed (train/loss.py)
+    loss: str = "auto"  # auto (compiled on CUDA, eager elsewhere) | eager | compiled | chunked (train/loss.py)
     loss_chunk_tokens: int = 4096  # loss=chunked: tokens per chunk of the fused output projection + loss
 
     def validate(self) -> None:

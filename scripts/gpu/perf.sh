@@ -50,7 +50,10 @@ python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.d
 ours() {  # GPUS NPROC NAME LIMIT ARGS...: one `train bench step` launch
   local gpus=$1 nproc=$2 name=$3 limit=$4
   shift 4
-  CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" "${TRUN[@]}" --nproc-per-node "$nproc" "${STEP[@]}" \
+  # A fresh inductor cache per launch: the AOT-autograd/FX caches key on the traced graph,
+  # not on the SDPA kernel flags, so a cached graph of another run could bring its kernel.
+  TORCHINDUCTOR_CACHE_DIR="$W/inductor-$name" CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" \
+    "${TRUN[@]}" --nproc-per-node "$nproc" "${STEP[@]}" \
     --name "$name" "$@" >"$W/$name.log" 2>&1 || note "$name failed (exit $?); see $name.log"
   note "$name done"
 }
@@ -118,6 +121,29 @@ EOF
   fi
 }
 
+part_attn() {
+  note "attn: 1b, 1 GPU, compiled loss; SDPA kernel auto/cudnn/flash (GPU 0) and cudnn + chunked loss (GPU 1), one launch each"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}")
+  (ours 0 1 attn_auto 150 "${c[@]}" --set train.loss=compiled
+   ours 0 1 attn_cudnn 150 "${c[@]}" --set train.loss=compiled --set parallel.sdpa_backend=cudnn
+   ours 0 1 attn_flash 150 "${c[@]}" --set train.loss=compiled --set parallel.sdpa_backend=flash) &
+  (ours 1 1 attn_cudnn_chunk16k 150 "${c[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=16384 \
+     --set parallel.sdpa_backend=cudnn
+   ours 1 1 attn_cudnn_chunk8k 150 "${c[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192 \
+     --set parallel.sdpa_backend=cudnn
+   ours 1 1 attn_auto_chunk16k 150 "${c[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=16384) &
+  wait
+}
+
+part_fp8loss1b() {
+  note "fp8loss1b: 1b, 1 GPU each, 200 steps on the embedded text: bf16 (GPU 0) and FP8 tensorwise (GPU 1)"
+  local c=(--strategy fsdp --preset 1b --batch 8 --seq 2048 --compile on --ac none --steps 195 --warmup 5
+    --data embedded)
+  ours 0 1 fp8loss1b_bf16 280 "${c[@]}" --fp8 none "${OURS[@]}" &
+  ours 1 1 fp8loss1b_fp8 280 "${c[@]}" --fp8 tensorwise "${OURS[@]}" &
+  wait
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -159,8 +185,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    levers | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (levers, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 

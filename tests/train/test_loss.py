@@ -124,7 +124,7 @@ def test_model_forward_with_targets_returns_the_loss():
 
 # ----------------------------------------------------------------------------- config
 @pytest.mark.parametrize(("override", "message"), [
-    ("train.loss=fused", "train.loss: must be one of eager, compiled, chunked"),
+    ("train.loss=fused", "train.loss: must be one of auto, eager, compiled, chunked"),
     ("train.loss_chunk_tokens=0", "train.loss_chunk_tokens: must be in"),
     ("parallel.sdpa_backend=fa3", "parallel.sdpa_backend: must be one of auto, flash, cudnn, efficient, math"),
 ])
@@ -141,7 +141,19 @@ def test_chunked_refused_with_tensor_parallel():
                            "parallel.loss_parallel=true"])
     job = load_config(None, ["train.loss=chunked", "train.loss_chunk_tokens=512", "parallel.sdpa_backend=math"])
     assert (job.train.loss, job.train.loss_chunk_tokens, job.parallel.sdpa_backend) == ("chunked", 512, "math")
-    assert load_config(None, []).train.loss == "eager" and load_config(None, []).parallel.sdpa_backend == "auto"
+    assert load_config(None, []).train.loss == "auto" and load_config(None, []).parallel.sdpa_backend == "auto"
+
+
+def test_auto_loss_is_eager_on_cpu():
+    """train.loss=auto: compiled on CUDA (measured faster and leaner, docs/performance.md),
+    eager on CPU, where it must not pay a compile; same number either way."""
+    from train import loss as L
+
+    logits, targets = torch.randn(3, 5, 11), torch.randint(0, 11, (3, 5))
+    L._compiled.clear()
+    got = L.cross_entropy(logits, targets, "auto")
+    assert not L._compiled  # nothing was compiled on CPU
+    torch.testing.assert_close(got, L.cross_entropy(logits, targets, "eager"))
 
 
 def test_sdpa_backend_math_runs_on_cpu_and_cuda_only_ones_are_refused():
