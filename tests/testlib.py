@@ -1,7 +1,11 @@
-"""Helpers to run real multi-process code in tests (gloo on CPU, NCCL on GPUs)."""
+"""The shared test helpers: run real multi-process code (gloo on CPU, NCCL on GPUs), the
+small models and runs the tests train, and checks on what they leave (DCP checkpoints,
+metrics). Every test directory imports it as ``testlib`` (tests/conftest.py puts tests/ on
+sys.path); no test module imports another."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -32,10 +36,7 @@ def train_cli(args: list[str], extra_env: dict | None = None, timeout: float = 3
 
 
 def run(cmd: list[str], extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update(extra_env or {})
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, env=child_env(extra_env), capture_output=True, text=True, timeout=timeout)
 
 
 def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
@@ -62,3 +63,82 @@ def _entry(rank: int, fn, world_size: int, port: int, args) -> None:
         fn(rank, world_size, *args)
     finally:
         dist.destroy_process_group()
+
+
+def child_env(extra_env: dict | None = None) -> dict:
+    """This process's environment for a child, one OpenMP thread unless set, plus ``extra_env``."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra_env or {})
+    return env
+
+
+def sets(*items: str) -> list[str]:
+    """``["--set", A, "--set", B, ...]``: config overrides as ``train run`` options."""
+    return [arg for item in items for arg in ("--set", item)]
+
+
+# ----------------------------------------------------------------------------- small models
+# ``train run`` options: the small model the CPU end-to-end tests train (64 wide, 2 layers,
+# 32-token sequences, 4 per rank), a metrics row every step. Tests append their own options.
+SMALL_RUN = sets("model.dim=64", "model.n_layers=2", "train.seq_len=32", "train.batch_size=4", "train.log_every=1")
+
+# Config overrides (``load_config(None, BASE + ...)``) of the in-process parallel tests:
+# a 2-layer model, 3 steps on CPU of synthetic data, gradient clipping active, no checkpoints.
+BASE = [
+    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=256",
+    "train.seq_len=32", "train.batch_size=4", "train.steps=3", "train.device=cpu", "data.source=synthetic",
+    "optim.lr=0.01", "optim.warmup_steps=0", "optim.grad_clip=0.5",  # clipping active: norm ~0.53
+    "checkpoint.final=false", "checkpoint.resume=never", "metrics.progress=false",
+]
+FSDP = ["parallel.strategy=fsdp"]
+# Added to BASE by the FP8 layer tests: dim 32, 4 heads of 8, 1 KV head: wk/wv are 32 -> 8
+# (not a multiple of 16); hidden 128.
+FP8_SMALL = ["model.dim=32", "model.n_heads=4", "model.n_kv_heads=1", "model.n_layers=2"]
+
+
+def load_job(extra):
+    """The job of ``BASE`` plus ``extra`` overrides."""
+    from train.config import load_config
+
+    return load_config(None, BASE + list(extra))
+
+
+def full_state(model) -> dict:
+    """Full (unsharded) parameters with canonical names; a collective for DTensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def load_dcp(ckpt: Path, prefix: str = "") -> dict:
+    """The tensors of a DCP checkpoint whose keys start with ``prefix`` (``"model."``: the
+    model's; ``""``: model and optimizer), loaded without a process group."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    state = {k: torch.empty(v.size, dtype=v.properties.dtype)
+             for k, v in meta.state_dict_metadata.items() if k.startswith(prefix) and hasattr(v, "size")}
+    dcp.load(state, checkpoint_id=str(ckpt))
+    return state
+
+
+# ----------------------------------------------------------------------------- GPU runs
+GPU_RUN = ["run", "--config", "debug", "--steps", "30", "--set", "train.seq_len=256", "--set", "train.batch_size=8",
+           "--set", "train.log_every=1", "--set", "optim.lr=1e-3", "--set", "optim.warmup_steps=5",
+           "--set", "checkpoint.final=false", "--set", "metrics.progress=false"]
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows]
+
+
+def assert_learns(res: subprocess.CompletedProcess, run_dir: Path) -> None:
+    """A ``GPU_RUN`` exited 0 and its 30 losses are finite, the last 5 below 0.8x the first 5."""
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = _losses(run_dir)
+    assert len(losses) == 30 and all(x == x for x in losses), losses
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses

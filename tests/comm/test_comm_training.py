@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dist_utils import spawn
+from testlib import spawn
 from train.comm.hooks import register_comm_hook
 from train.config import load_config
 from train.dist import DistInfo

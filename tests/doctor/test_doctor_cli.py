@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dist_utils import ROOT, train_cli
+from testlib import ROOT, train_cli
 from train.doctor import _physical_indices, check_torchao, doctor, parse_topology
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")

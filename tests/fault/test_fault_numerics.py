@@ -6,25 +6,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
-from dist_utils import train_cli
+from testlib import SMALL_RUN, load_dcp, train_cli
 from train.checkpoint import verify
 
-SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "metrics.progress=false"]
-
-
-def _params(ckpt: Path) -> dict[str, torch.Tensor]:
-    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
-    state = {k: torch.empty(v.size, dtype=v.properties.dtype)
-             for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
-    dcp.load(state, checkpoint_id=str(ckpt))
-    return state
+SMALL = SMALL_RUN + ["--set", "metrics.progress=false"]
 
 
 def _one_error(stderr: str) -> str:
@@ -48,7 +37,7 @@ def test_nan_skip_is_bounded_then_stops_naming_the_step(tmp_path):
     assert f"last good checkpoint: {out / 'checkpoints' / latest}" in err
     for ckpt in (out / "checkpoints").glob("step_*"):  # every checkpoint kept is complete and finite
         assert verify(ckpt) is None
-        assert all(torch.isfinite(t).all() for t in _params(ckpt).values()), ckpt
+        assert all(torch.isfinite(t).all() for t in load_dcp(ckpt).values()), ckpt
 
 
 def test_parameters_blown_up_by_the_update_are_never_checkpointed(tmp_path):

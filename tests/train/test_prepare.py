@@ -17,7 +17,7 @@ datasets = pytest.importorskip("datasets", reason="the data extra is not install
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-from dist_utils import torchrun, train_cli  # noqa: E402
+from testlib import torchrun, train_cli  # noqa: E402
 from train import prepare as prep  # noqa: E402
 from train.data import open_token_file  # noqa: E402
 from train.metrics import read_metrics  # noqa: E402
