@@ -142,3 +142,20 @@ def assert_learns(res: subprocess.CompletedProcess, run_dir: Path) -> None:
     losses = _losses(run_dir)
     assert len(losses) == 30 and all(x == x for x in losses), losses
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
+
+
+def one_error_line(stderr: str) -> str:
+    """The one ``error:`` line of a refused command (and no traceback)."""
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def topk_dense(acc, k: int):
+    """The reference Top-K: ``acc`` with all but its ``k`` largest-magnitude entries zeroed."""
+    import torch
+
+    idx = acc.abs().topk(k).indices
+    out = torch.zeros_like(acc)
+    out[idx] = acc[idx]
+    return out
