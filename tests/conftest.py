@@ -1,4 +1,8 @@
-"""Shared test fixtures. GPU tests carry ``@pytest.mark.gpu`` and skip without CUDA."""
+"""Shared test fixtures. GPU tests carry ``@pytest.mark.gpu`` and skip without CUDA.
+
+Shared helpers (not fixtures) live in tests/testlib.py, importable as ``testlib`` from every
+test directory because this file puts tests/ on sys.path; the launch tests' own helpers are
+in tests/launch/launch_testlib.py. No test module imports another."""
 
 from __future__ import annotations
 

@@ -12,6 +12,6 @@ timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m 
 echo "offload run exit $?" | tee -a "$R/offload.log"
 rm -rf "$R/offload/checkpoints"  # keep the tarball small: the device tool returns files <= 16 MiB
 tail -12 "$R/offload.log"
-timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/train tests/parallel tests/doctor \
+timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/train tests/parallel tests/precision tests/doctor \
   2>&1 | tee "$R/gpu_pytest.txt" | tail -30
 tar -czf "$OUT/verify.tgz" -C "$R" .

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dist_utils import torchrun
+from testlib import torchrun
 from train.comm.bandwidth import OPS, bus_factor
 from train.config import load_config
 from train.models.llama import Transformer, count_params
@@ -37,7 +37,7 @@ def test_bench_comm_gloo_writes_report(tmp_path):
 
 
 def test_bench_comm_needs_torchrun():
-    from dist_utils import train_cli
+    from testlib import train_cli
 
     r = train_cli(["bench", "comm", "--backend", "gloo"])
     assert r.returncode == 2 and "torchrun" in r.stderr

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from dist_utils import torchrun
+from testlib import torchrun
 
 
 @pytest.mark.gpu

@@ -4,14 +4,8 @@ the exchange, and what error feedback buys over steps. (The exchange through DDP
 
 import torch
 
+from testlib import topk_dense
 from train.comm.topk import pack, select_topk, unpack_sum
-
-
-def _sparse(acc, k):
-    idx = acc.abs().topk(k).indices
-    out = torch.zeros_like(acc)
-    out[idx] = acc[idx]
-    return out
 
 
 def test_select_topk_and_residual():
@@ -55,7 +49,7 @@ def test_error_feedback_sum_of_updates_approaches_uncompressed_sum():
         total += grad
         values, indices, residual = select_topk(grad, residual, k)
         sent_ef[indices] += values
-        sent_plain += _sparse(grad, k)
+        sent_plain += topk_dense(grad, k)
         errors.append(((total - sent_ef).norm() / total.norm()).item())
     torch.testing.assert_close(sent_ef + residual, total, rtol=1e-4, atol=1e-3)  # exactly delayed, never lost
     ef_err = errors[-1]

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dist_utils import spawn
+from testlib import spawn, topk_dense
 from train.comm.hooks import register_comm_hook
 from train.config import load_config
 from train.dist import DistInfo
@@ -35,13 +35,6 @@ def _same_on_all_ranks(t: torch.Tensor) -> bool:
 
 def _flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
-def _sparse(acc, k):
-    idx = acc.abs().topk(k).indices
-    out = torch.zeros_like(acc)
-    out[idx] = acc[idx]
-    return out
 
 
 def _ddp(model, overrides, rank, world):
@@ -81,12 +74,12 @@ def check_topk_exchange(rank, world, tmp):
         if step < 2:  # plain all-reduce before start_iter
             torch.testing.assert_close(got, sum(grads) / world)
         else:
-            expect = sum(_sparse(g + r, k) for g, r in zip(grads, residuals)) / world
+            expect = sum(topk_dense(g + r, k) for g, r in zip(grads, residuals)) / world
             torch.testing.assert_close(got, expect, rtol=1e-6, atol=1e-7)
             assert (got != 0).sum() <= world * k
             acc = local + residual
             new_residual = par.extra_state["comm_topk"].state_dict()["residuals"][0]
-            torch.testing.assert_close(new_residual, acc - _sparse(acc, k), rtol=0, atol=0)
+            torch.testing.assert_close(new_residual, acc - topk_dense(acc, k), rtol=0, atol=0)
         opt.step()
         opt.zero_grad()
         assert _same_on_all_ranks(model.weight.detach()), f"step {step}: ranks diverged"

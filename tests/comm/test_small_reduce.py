@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from dist_utils import free_port, run, spawn, torchrun
+from testlib import free_port, run, spawn, torchrun
 from train.config import load_config
 from train.errors import ConfigError
 

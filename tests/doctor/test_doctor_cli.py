@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dist_utils import ROOT, train_cli
+from testlib import ROOT, train_cli
 from train.doctor.cli import doctor
 from train.doctor.libraries import check_torchao
 from train.doctor.probes import _physical_indices, parse_topology

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dist_utils import train_cli
+from testlib import train_cli
 
 
 @pytest.mark.gpu

@@ -16,17 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
-from dist_utils import ROOT, train_cli
+from testlib import ROOT, SMALL_RUN, load_dcp, train_cli
 from train.errors import CheckpointError
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state, verify
 from train.config import ModelConfig
 from train.dist import DistInfo
 from train.models.llama import Transformer
 
-SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "metrics.progress=false"]
+SMALL = SMALL_RUN + ["--set", "metrics.progress=false"]
 ONE = DistInfo(0, 0, 1, torch.device("cpu"), None)
 
 
@@ -274,10 +272,7 @@ def test_disk_full_during_save_is_one_clear_error_and_keeps_previous(tmp_path, c
         ckpts = out / "checkpoints"
         assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002"]
         assert verify(ckpts / "step_00000002") is None
-        meta = dcp.FileSystemReader(str(ckpts / "step_00000002")).read_metadata()
-        state = {k: torch.empty(v.size, dtype=v.properties.dtype)
-                 for k, v in meta.state_dict_metadata.items() if k.startswith("model.")}
-        dcp.load(state, checkpoint_id=str(ckpts / "step_00000002"))
+        state = load_dcp(ckpts / "step_00000002", "model.")
         assert state and all(torch.isfinite(t).all() for t in state.values())
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)

@@ -6,31 +6,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
-from dist_utils import train_cli
+from testlib import SMALL_RUN, load_dcp, one_error_line, train_cli
 from train.checkpoint import verify
 
-SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "metrics.progress=false"]
-
-
-def _params(ckpt: Path) -> dict[str, torch.Tensor]:
-    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
-    state = {k: torch.empty(v.size, dtype=v.properties.dtype)
-             for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
-    dcp.load(state, checkpoint_id=str(ckpt))
-    return state
-
-
-def _one_error(stderr: str) -> str:
-    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
-    return lines[0]
+SMALL = SMALL_RUN + ["--set", "metrics.progress=false"]
 
 
 def test_nan_skip_is_bounded_then_stops_naming_the_step(tmp_path):
@@ -42,13 +25,13 @@ def test_nan_skip_is_bounded_then_stops_naming_the_step(tmp_path):
     skipped = [ln for ln in res.stdout.splitlines() if "update skipped" in ln]
     assert len(skipped) == 2 and "(1/2)" in skipped[0] and "(2/2)" in skipped[1], res.stdout[-3000:]
     first_bad = int(skipped[0].split("at step ")[1].split()[0])
-    err = _one_error(res.stderr)
+    err = one_error_line(res.stderr)
     assert f"non-finite loss/gradient at step {first_bad + 2} " in err and "stopping" in err
     latest = (out / "checkpoints" / "latest").read_text().strip()
     assert f"last good checkpoint: {out / 'checkpoints' / latest}" in err
     for ckpt in (out / "checkpoints").glob("step_*"):  # every checkpoint kept is complete and finite
         assert verify(ckpt) is None
-        assert all(torch.isfinite(t).all() for t in _params(ckpt).values()), ckpt
+        assert all(torch.isfinite(t).all() for t in load_dcp(ckpt).values()), ckpt
 
 
 def test_parameters_blown_up_by_the_update_are_never_checkpointed(tmp_path):
@@ -59,7 +42,7 @@ def test_parameters_blown_up_by_the_update_are_never_checkpointed(tmp_path):
                      "--set", "optim.lr=1e10", "--set", "optim.weight_decay=1e30", "--set", "optim.warmup_steps=0"])
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     assert "step      1/5 loss" in res.stdout  # the step itself looked fine
-    err = _one_error(res.stderr)
+    err = one_error_line(res.stderr)
     assert "parameters are NaN/Inf after step 1; checkpoint not written" in err
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
 
@@ -78,7 +61,7 @@ def test_unwritable_out_dir_is_a_usage_error(tmp_path):
     try:
         res = train_cli(["run", "--steps", "2", "--out", str(ro / "run"), *SMALL])
         assert res.returncode == 2, res.stderr[-2000:]
-        assert f"--out '{ro / 'run'}': '{ro}' is not writable" in _one_error(res.stderr)
+        assert f"--out '{ro / 'run'}': '{ro}' is not writable" in one_error_line(res.stderr)
     finally:
         if mounted:
             subprocess.run(["umount", str(ro)], capture_output=True)

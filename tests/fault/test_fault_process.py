@@ -25,24 +25,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
-from dist_utils import ROOT, free_port, torchrun
+from testlib import ROOT, SMALL_RUN, child_env, free_port, load_dcp, torchrun
 from train.checkpoint import verify
 
-SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "optim.warmup_steps=2",
-         "--set", "metrics.progress=false"]
+SMALL = SMALL_RUN + ["--set", "optim.warmup_steps=2", "--set", "metrics.progress=false"]
 SLACK_S = 20  # scheduling slack on a loaded 2-core machine
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 class Proc:
@@ -52,7 +43,7 @@ class Proc:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.out_path, self.err_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
         self._out, self._err = open(self.out_path, "w"), open(self.err_path, "w")
-        self.p = subprocess.Popen(cmd, cwd=ROOT, env=env or _env(), stdout=self._out, stderr=self._err)
+        self.p = subprocess.Popen(cmd, cwd=ROOT, env=env or child_env(), stdout=self._out, stderr=self._err)
         self.pid = self.p.pid
 
     def text(self) -> str:
@@ -128,19 +119,10 @@ def _two_workers(args: list[str], log_dir: Path) -> list[Proc]:
     port = free_port()
     procs = []
     for rank in range(2):
-        env = _env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+        env = child_env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                         "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
         procs.append(Proc([sys.executable, "-m", "train", *args], log_dir, f"rank{rank}", env))
     return procs
-
-
-def _state(ckpt: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a DCP checkpoint (model and optimizer), loaded without a group."""
-    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
-    state = {k: torch.empty(v.size, dtype=v.properties.dtype)
-             for k, v in meta.state_dict_metadata.items() if hasattr(v, "size")}
-    dcp.load(state, checkpoint_id=str(ckpt))
-    return state
 
 
 def _latest(out: Path) -> str:
@@ -165,7 +147,7 @@ def test_killed_worker_restarts_and_resumes_bitwise(tmp_path, checkpoint_mode):
     # group's keys from torchrun's shared store and fail to connect (pytorch#135712; the
     # trainer warns about it, docs/fault-tolerance.md explains).
     job = Proc(_torchrun_cmd([*common, "--out", str(out)], ["--max-restarts", "1", "--monitor-interval", "0.1"]),
-               tmp_path, "killed", env=_env() | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+               tmp_path, "killed", env=child_env() | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     try:
         first = out / "checkpoints" / "step_00000004"
         _wait_for(first.is_dir, 240, "the first checkpoint", [job])
@@ -181,7 +163,7 @@ def test_killed_worker_restarts_and_resumes_bitwise(tmp_path, checkpoint_mode):
     resumed_at = int(text.split("resumed from", 1)[1].split("at step", 1)[1].split()[0])
     assert 4 <= resumed_at < 24, text[-3000:]
     assert _latest(out) == "step_00000024"
-    a, b = _state(ref_out / "checkpoints" / "step_00000024"), _state(out / "checkpoints" / "step_00000024")
+    a, b = load_dcp(ref_out / "checkpoints" / "step_00000024"), load_dcp(out / "checkpoints" / "step_00000024")
     assert a.keys() == b.keys() and any(k.startswith("model.") for k in a) and any(k.startswith("optim.") for k in a)
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after kill + auto-resume"
@@ -287,7 +269,7 @@ def test_sigterm_exits_within_grace_even_when_a_peer_hangs(tmp_path):
 def test_proc_helpers_find_workers():
     """The helpers above rely on /proc/<pid>/task/*/children: check they see a child."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                             env=_env() | {"RANK": "7"})
+                             env=child_env() | {"RANK": "7"})
     try:
         _wait_for(lambda: _rank_of(child.pid) == 7, 10, "the child")
         assert child.pid in _children(os.getpid())

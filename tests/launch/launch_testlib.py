@@ -158,6 +158,19 @@ def hostile_values(canary: Path) -> list[str]:
     return [v.format(canary=canary) for v in HOSTILE]
 
 
+def stub_env(bindir: Path, home: Path, **extra: str) -> dict[str, str]:
+    """The whole environment of a rendered script run against the stand-ins in ``bindir``
+    (first on PATH), inside a 2-node Slurm allocation (job 4242), plus ``extra``."""
+    return {
+        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+        "HOME": str(home),
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_ID": "4242",
+        **extra,
+    }
+
+
 def write_stubs(bindir: Path, record: Path) -> None:
     """torchrun / srun / scontrol / docker stand-ins that record what they receive."""
     bindir.mkdir(parents=True, exist_ok=True)

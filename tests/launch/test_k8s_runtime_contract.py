@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ import yaml
 from k8s_operators import pytorchjob_injected_env, trainer_jobset, trainer_pod_env
 
 from launch_testlib import REPO
+from testlib import free_port
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,12 +52,6 @@ def _docs(path: Path) -> list[dict]:
 
 def _runtimes() -> dict[str, dict]:
     return {d["metadata"]["name"]: d for p in COMMITTED for d in _docs(p) if d["kind"] == "ClusterTrainingRuntime"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _kubelet_expand(value: str) -> str:
@@ -145,7 +139,7 @@ def test_each_manifest_command_trains_on_two_cpu_process_groups(tmp_path):
     jobs = {}
     for path in _manifests_with_jobs():
         out = tmp_path / path.stem
-        runs = _cpu_contract(_pods(path), _free_port(), out)
+        runs = _cpu_contract(_pods(path), free_port(), out)
         procs = []
         for name, argv, env in runs:
             log = (tmp_path / f"{name}.log").open("w")

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch_testlib import PY, SHELLCHECK, run_inproc
+from launch_testlib import PY, SHELLCHECK, run_inproc, stub_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -184,14 +184,7 @@ def sandbox(tmp_path):
         path = bindir / name
         path.write_text(f"#!{PY}\n{body}")
         path.chmod(0o755)
-    env = {
-        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
-        "HOME": str(tmp_path),
-        "SLURM_JOB_NODELIST": "node-[a-b]",
-        "SLURM_JOB_NUM_NODES": "2",
-        "SLURM_JOB_ID": "4242",
-    }
-    return tmp_path, env
+    return tmp_path, stub_env(bindir, tmp_path)
 
 
 def _execute(script: str, workdir: Path, env: dict, template: str, env_names: list[str]) -> tuple[int, dict, str]:

@@ -18,6 +18,7 @@ from launch_testlib import (
     read_record,
     render,
     run_inproc,
+    stub_env,
     write_stubs,
 )
 
@@ -89,15 +90,7 @@ def sandbox(tmp_path):
     bindir, record = tmp_path / "bin", tmp_path / "record.json"
     write_stubs(bindir, record)
     canary = tmp_path / "CANARY"
-    env = {
-        "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
-        "HOME": str(tmp_path),
-        "SLURM_JOB_NODELIST": "node-[a-b]",
-        "SLURM_JOB_NUM_NODES": "2",
-        "SLURM_JOB_ID": "4242",
-        "SLURM_CPUS_PER_TASK": "112",
-    }
-    return tmp_path, record, canary, env
+    return tmp_path, record, canary, stub_env(bindir, tmp_path, SLURM_CPUS_PER_TASK="112")
 
 
 def _hostile_job(canary: Path, multi_node: bool, ckpt_root: str = "") -> tuple[list[str], list[str], dict[str, str]]:

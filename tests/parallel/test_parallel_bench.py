@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from dist_utils import torchrun, train_cli
+from testlib import torchrun, train_cli
 
 SMALL = ["--set", "model.n_layers=2", "--set", "model.dim=64", "--set", "model.n_heads=4",
          "--set", "train.device=cpu"]

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import torch
 
-from dist_utils import spawn
-from test_parallel_equivalence import FSDP, full_state, load_job
+from testlib import FSDP, full_state, load_job, spawn
 
 STEPS = ["train.steps=6"]
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dist_utils import spawn
-from test_parallel_equivalence import FSDP, load_job
+from testlib import FSDP, load_job, spawn
 
 TP = FSDP + ["parallel.tp=2", "train.batch_size=8", "model.n_layers=1", "train.steps=2",
            "parallel.compile_backend=aot_eager"]

@@ -12,15 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dist_utils import spawn
-
-BASE = [
-    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=256",
-    "train.seq_len=32", "train.batch_size=4", "train.steps=3", "train.device=cpu", "data.source=synthetic",
-    "optim.lr=0.01", "optim.warmup_steps=0", "optim.grad_clip=0.5",  # clipping active: norm ~0.53
-    "checkpoint.final=false", "checkpoint.resume=never", "metrics.progress=false",
-]
-FSDP = ["parallel.strategy=fsdp"]
+from testlib import FSDP, full_state, load_job, spawn
 
 # name -> (overrides, expected (dp_world, tp)) for 2 ranks. The global batch is 8
 # sequences everywhere (TP: one data-parallel group of 8).
@@ -49,12 +41,6 @@ FOUR_RANKS = {
 }
 
 
-def load_job(extra):
-    from train.config import load_config
-
-    return load_config(None, BASE + list(extra))
-
-
 def reference_init() -> dict[str, torch.Tensor]:
     """Parameters of the unsharded model initialised in one process."""
     from train.models.llama import Transformer
@@ -65,14 +51,6 @@ def reference_init() -> dict[str, torch.Tensor]:
     model.to_empty(device="cpu")
     model.init_weights(job.train.seed)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def full_state(model) -> dict[str, torch.Tensor]:
-    """Full (unsharded) parameters with canonical names; a collective for DTensors."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {k: v.detach().clone() for k, v in sd.items()}
 
 
 def _run_configs(rank, world, configs, result_file):

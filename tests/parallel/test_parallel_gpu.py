@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_utils import torchrun, train_cli
-from test_fp8_torchao import GPU_RUN, _assert_learns
+from testlib import GPU_RUN, assert_learns, sets, torchrun, train_cli
 
 STRATEGIES = {
     "ddp": [],
@@ -17,18 +16,14 @@ STRATEGIES = {
 }
 
 
-def _sets(items):
-    return [arg for item in items for arg in ("--set", item)]
-
-
 @pytest.mark.gpu
 @pytest.mark.multigpu
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_gpu_strategy_x_precision_trains_on_2_gpus(tmp_path, strategy, precision):
     res = torchrun(GPU_RUN + ["--out", str(tmp_path / "run")]
-                   + _sets(STRATEGIES[strategy] + [f"train.precision={precision}"]), nproc=2)
-    _assert_learns(res, tmp_path / "run")
+                   + sets(*STRATEGIES[strategy], f"train.precision={precision}"), nproc=2)
+    assert_learns(res, tmp_path / "run")
 
 
 @pytest.mark.gpu
@@ -39,11 +34,11 @@ def test_gpu_strategy_x_precision_trains_on_2_gpus(tmp_path, strategy, precision
     ["parallel.ac=op", "parallel.tp=2", "parallel.loss_parallel=true"],
 ], ids=["offload", "ac_full_compile", "tp_ac_op_loss_parallel"])
 def test_gpu_fsdp_variants_train_on_2_gpus(tmp_path, extra):
-    res = torchrun(GPU_RUN + ["--out", str(tmp_path / "run")] + _sets(["parallel.strategy=fsdp"] + extra), nproc=2)
-    _assert_learns(res, tmp_path / "run")
+    res = torchrun(GPU_RUN + ["--out", str(tmp_path / "run")] + sets("parallel.strategy=fsdp", *extra), nproc=2)
+    assert_learns(res, tmp_path / "run")
 
 
 @pytest.mark.gpu
 def test_gpu_one_process_compiled_trains(tmp_path):
-    res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run")] + _sets(["parallel.compile=true"]))
-    _assert_learns(res, tmp_path / "run")
+    res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run")] + sets("parallel.compile=true"))
+    assert_learns(res, tmp_path / "run")

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from dist_utils import train_cli
+from testlib import train_cli
 from train.errors import ConfigError
 from train.config import load_config, parse_overrides
 from train.models.presets import MODEL_PRESETS

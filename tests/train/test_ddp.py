@@ -6,7 +6,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from dist_utils import spawn
+from testlib import spawn
 from train.config import load_config
 from train.dist import DistInfo
 from train.models.llama import Transformer

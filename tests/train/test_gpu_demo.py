@@ -2,7 +2,7 @@
 
 import pytest
 
-from dist_utils import torchrun
+from testlib import torchrun
 from train.metrics import read_metrics
 
 

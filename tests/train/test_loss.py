@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from dist_utils import spawn
+from testlib import spawn
 
 import train.loss as loss_mod
 from train.config import load_config

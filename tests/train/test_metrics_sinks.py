@@ -8,12 +8,10 @@ import json
 
 import pytest
 
-from dist_utils import train_cli
+from testlib import SMALL_RUN, train_cli
 from train.metrics import read_metrics
 
-SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "metrics.progress=false",
-         "--set", "checkpoint.final=false"]
+SMALL = SMALL_RUN + ["--set", "metrics.progress=false", "--set", "checkpoint.final=false"]
 
 
 def test_prometheus_textfile_has_the_last_row_and_no_temp_files(tmp_path):

@@ -17,7 +17,7 @@ datasets = pytest.importorskip("datasets", reason="the data extra is not install
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
-from dist_utils import torchrun, train_cli  # noqa: E402
+from testlib import one_error_line, torchrun, train_cli  # noqa: E402
 from train.prepare import run as prep  # noqa: E402
 from train.data import open_token_file  # noqa: E402
 from train.metrics import read_metrics  # noqa: E402
@@ -125,9 +125,8 @@ def test_shards_and_resume_reuse_finished_units(corpus, tmp_path, caplog):
 
 
 def _one_error(res) -> str:
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
-    return lines[0]
+    assert res.returncode == 2, res.stderr[-2000:]
+    return one_error_line(res.stderr)
 
 
 def test_bad_inputs_are_one_line_errors_and_nothing_is_overwritten(corpus, tmp_path):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from dist_utils import torchrun, train_cli
+from testlib import SMALL_RUN, torchrun, train_cli
 from train.trace import exposed_communication
 
-SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "metrics.progress=false"]
+SMALL = SMALL_RUN + ["--set", "metrics.progress=false"]
 
 
 def test_two_step_trace_per_rank_is_valid_json_with_step_and_phase_names(tmp_path):

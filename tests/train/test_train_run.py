@@ -3,22 +3,11 @@
 import json
 
 import torch
-import torch.distributed.checkpoint as dcp
 
-from dist_utils import torchrun, train_cli
+from testlib import SMALL_RUN, load_dcp, torchrun, train_cli
 from train.metrics import read_metrics
 
-SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
-         "--set", "train.batch_size=4", "--set", "train.log_every=1", "--set", "optim.warmup_steps=2"]
-
-
-def _final_params(ckpt_dir):
-    """Model tensors of a DCP checkpoint, loaded without a process group."""
-    meta = dcp.FileSystemReader(str(ckpt_dir)).read_metadata()
-    state = {k: torch.empty(v.size, dtype=v.properties.dtype)
-             for k, v in meta.state_dict_metadata.items() if k.startswith("model.")}
-    dcp.load(state, checkpoint_id=str(ckpt_dir))
-    return state
+SMALL = SMALL_RUN + ["--set", "optim.warmup_steps=2"]
 
 
 def test_two_process_run_learns_and_writes_metrics(tmp_path):
@@ -51,8 +40,8 @@ def test_resume_is_bitwise_identical(tmp_path, checkpoint_mode):
     lb = read_metrics(split / "metrics.jsonl")
     assert [r["step"] for r in lb] == list(range(1, 17))
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]  # every step, bitwise
-    pa = _final_params(straight / "checkpoints" / "step_00000016")
-    pb = _final_params(split / "checkpoints" / "step_00000016")
+    pa = load_dcp(straight / "checkpoints" / "step_00000016", "model.")
+    pb = load_dcp(split / "checkpoints" / "step_00000016", "model.")
     assert pa.keys() == pb.keys() and len(pa) > 5
     for k in pa:
         assert torch.equal(pa[k], pb[k]), k
@@ -72,5 +61,5 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_checkpoint(tmp_path):
     err = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "non-finite loss/gradient at step" in err[0], res.stderr[-2000:]
     latest = (out / "checkpoints" / "latest").read_text().strip()
-    params = _final_params(out / "checkpoints" / latest)
+    params = load_dcp(out / "checkpoints" / latest, "model.")
     assert all(torch.isfinite(t).all() for t in params.values())

@@ -9,19 +9,15 @@ installed. The GPU tests train with real FP8 matmuls."""
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 import torch
 from torch import nn
 
-from dist_utils import spawn, torchrun, train_cli
-from test_parallel_equivalence import BASE, FSDP
+from testlib import BASE, FP8_SMALL, FSDP, GPU_RUN, assert_learns, spawn, torchrun, train_cli
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                                    reason="torchao is not installed (pip install 'torchao>=0.17')")
-# dim 32, 4 heads of 8, 1 KV head: wk/wv are 32 -> 8 (not a multiple of 16); hidden 128.
-SMALL = ["model.dim=32", "model.n_heads=4", "model.n_kv_heads=1", "model.n_layers=2"]
 BLOCK_LINEARS = ["attention.wq", "attention.wo", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
 
 
@@ -29,7 +25,7 @@ def _meta_model(extra):
     from train.config import load_config
     from train.models.llama import Transformer
 
-    job = load_config(None, BASE + SMALL + ["fp8.backend=torchao"] + list(extra))
+    job = load_config(None, BASE + FP8_SMALL + ["fp8.backend=torchao"] + list(extra))
     with torch.device("meta"):
         return job, Transformer(job.model)
 
@@ -131,21 +127,6 @@ def test_fsdp_float8_all_gather_and_scale_precompute(tmp_path, recipe, all_gathe
 
 
 # ----------------------------------------------------------------------------- GPU
-GPU_RUN = ["run", "--config", "debug", "--steps", "30", "--set", "train.seq_len=256", "--set", "train.batch_size=8",
-           "--set", "train.log_every=1", "--set", "optim.lr=1e-3", "--set", "optim.warmup_steps=5",
-           "--set", "checkpoint.final=false", "--set", "metrics.progress=false"]
-
-
-def _losses(run_dir):
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows]
-
-
-def _assert_learns(res, run_dir):
-    assert res.returncode == 0, res.stderr[-3000:]
-    losses = _losses(run_dir)
-    assert len(losses) == 30 and all(x == x for x in losses), losses
-    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
 
 
 @pytest.mark.gpu
@@ -173,7 +154,7 @@ def test_gpu_torchao_fp8_trains_and_layers_are_float8(tmp_path, recipe):
 
     res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run"), "--set", "fp8.backend=torchao",
                                "--set", f"fp8.recipe={recipe}"])
-    _assert_learns(res, tmp_path / "run")
+    assert_learns(res, tmp_path / "run")
 
 
 @pytest.mark.gpu
@@ -184,4 +165,4 @@ def test_gpu_fsdp_float8_all_gather_trains_on_2_gpus(tmp_path):
         pytest.skip("FP8 needs sm_89+")
     res = torchrun(GPU_RUN + ["--out", str(tmp_path / "run"), "--set", "fp8.backend=torchao",
                               "--set", "parallel.strategy=fsdp"], nproc=2)
-    _assert_learns(res, tmp_path / "run")
+    assert_learns(res, tmp_path / "run")

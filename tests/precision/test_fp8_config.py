@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_utils import train_cli
+from testlib import train_cli
 from train.errors import ConfigError
 from train.config import load_config
 from train.precision.fp8 import float8_problem

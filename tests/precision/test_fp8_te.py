@@ -11,9 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from dist_utils import train_cli
-from test_fp8_torchao import GPU_RUN, SMALL, _assert_learns
-from test_parallel_equivalence import BASE
+from testlib import BASE, FP8_SMALL, GPU_RUN, assert_learns, train_cli
 
 needs_te = pytest.mark.skipif(
     importlib.util.find_spec("transformer_engine") is None,
@@ -30,7 +28,7 @@ def test_block_linears_become_te_linear_on_meta_with_unchanged_names():
     from train.models.llama import Transformer
     from train.precision.fp8 import apply_float8
 
-    job = load_config(None, BASE + SMALL + ["fp8.backend=te"])
+    job = load_config(None, BASE + FP8_SMALL + ["fp8.backend=te"])
     with torch.device("meta"):
         plain = Transformer(job.model)
         model = apply_float8(Transformer(job.model), job.fp8, torch.device("cpu"), job.parallel)
@@ -61,4 +59,4 @@ def test_gpu_te_fp8_trains(tmp_path, recipe):
         pytest.skip("FP8 needs sm_89+")
     res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run"), "--set", "fp8.backend=te",
                                "--set", f"fp8.recipe={recipe}"])
-    _assert_learns(res, tmp_path / "run")
+    assert_learns(res, tmp_path / "run")

@@ -1,0 +1,137 @@
+"""What the bad-input cases run against: the files their {placeholders} name (and an
+earlier run every ``train`` case points --out at), the snapshot that proves no file was
+touched, and the per-case deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import stat
+from pathlib import Path
+
+from bad_input_cases import BOMB_YAML, DATA_FILES, Case
+
+CASE_TIMEOUT_S = 60  # per case: a hang (alias bomb, FIFO read, peers that never come) fails the case
+
+
+def fixtures(tmp: Path) -> dict[str, str]:
+    """Files the cases refer to, plus an existing run (``run``) every train case
+    points --out at unless it names its own: it must come through untouched."""
+    return {**_config_files(tmp), **_token_files(tmp), **_run_dirs(tmp)}
+
+
+def _config_files(tmp: Path) -> dict[str, str]:
+    (tmp / "bad.yaml").write_text("train:\n  steps: [1, 2\n")
+    (tmp / "list.yaml").write_text("- a\n- b\n")
+    (tmp / "evil.yaml").write_text('model: !!python/object/apply:os.system ["touch PWNED"]\n')
+    (tmp / "binary.yaml").write_bytes(b"\xff\xfe\x00\x81garbage")
+    (tmp / "unknown.yaml").write_text("train:\n  bogus: 1\n")
+    (tmp / "bomb.yaml").write_text(BOMB_YAML)
+    (tmp / "deep.yaml").write_text("a: " + "[" * 10000 + "]" * 10000 + "\n")
+    (tmp / "huge.yaml").write_text("# " + "x" * (2 << 20) + "\n")
+    (tmp / "dupkey.yaml").write_text("train:\n  steps: 1\n  steps: 2\n")
+    (tmp / "recursive.yaml").write_text("a: &a [*a]\n")
+    os.mkfifo(tmp / "fifo.yaml")
+    (tmp / "adir").mkdir()
+    (tmp / "afile").write_text("not a directory\n")
+    (tmp / "link.sh").symlink_to(tmp / "afile")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+    return {"tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
+            "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
+            "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),
+            "bomb_yaml": str(tmp / "bomb.yaml"), "deep_yaml": str(tmp / "deep.yaml"), "huge_yaml": str(tmp / "huge.yaml"),
+            "dupkey_yaml": str(tmp / "dupkey.yaml"), "recursive_yaml": str(tmp / "recursive.yaml"),
+            "fifo": str(tmp / "fifo.yaml"), "symlink": str(tmp / "link.sh"), "dangling": str(tmp / "dangling")}
+
+
+def _token_files(tmp: Path) -> dict[str, str]:
+    import numpy as np
+
+    (tmp / "truncated.bin").write_bytes(b"\x01\x00" * 500 + b"\x07")
+    (tmp / "truncated.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256}))
+    np.arange(1000, dtype=np.uint16).tofile(tmp / "short.bin")
+    (tmp / "short.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256, "num_tokens": 5000}))
+    np.arange(1000, dtype=np.uint16).tofile(tmp / "nometa.bin")
+    np.arange(5000, dtype=np.uint16).tofile(tmp / "bigvocab.bin")
+    (tmp / "bigvocab.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 50257}))
+    paths = {"truncated_bin": str(tmp / "truncated.bin"), "short_bin": str(tmp / "short.bin"),
+             "nometa_bin": str(tmp / "nometa.bin"), "bigvocab_bin": str(tmp / "bigvocab.bin")}
+    for i, (_, _, (dtype, values), meta) in enumerate(DATA_FILES):
+        np.asarray(values, dtype=dtype).tofile(tmp / f"data{i}.bin")
+        (tmp / f"data{i}.json").write_text(meta)
+        paths[f"data_{i}"] = str(tmp / f"data{i}.bin")
+    return paths
+
+
+def _run_dirs(tmp: Path) -> dict[str, str]:
+    """Earlier runs with a (garbage) step-2 checkpoint, and run directories with odd locks."""
+    runs = {}
+    for name in ("run", "busy_run", "remote_run", "garbage_run"):
+        run = tmp / name
+        ckpt = run / "checkpoints" / "step_00000002"
+        ckpt.mkdir(parents=True)
+        (run / "config.yaml").write_text("# an earlier run\n" if name != "garbage_run" else "train: [1, 2\n")
+        (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
+        files = {".metadata": b"\x80garbage-metadata", "__0_0.distcp": os.urandom(4096), "extra_rank0.pt": b"junk"}
+        for fname, data in files.items():
+            (ckpt / fname).write_bytes(data)
+        (ckpt / "manifest.json").write_text(json.dumps(
+            {"step": 2, "world_size": 1, "files": {n: len(d) for n, d in files.items()}}))
+        (run / "checkpoints" / "latest").write_text("step_00000002\n")
+        runs[name] = str(run)
+    for name in ("fifo_lock_run", "link_lock_run"):
+        (tmp / name).mkdir()
+        runs[name] = str(tmp / name)
+    os.mkfifo(tmp / "fifo_lock_run" / ".train.lock")
+    (tmp / "link_lock_run" / ".train.lock").symlink_to(tmp / "afile")
+    # a run directory whose lock names a run on another host (a shared file system without coherent flock)
+    (tmp / "remote_run" / ".train.lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 4242}))
+    (tmp / "busy_run" / ".train.lock").write_text(json.dumps({"host": "this-test", "pid": os.getpid()}))
+    return runs
+
+
+def resolve(case: Case, paths: dict[str, str]) -> tuple[list[str], str]:
+    def fill(text: str) -> str:  # {placeholder} -> file; other braces (YAML flow mappings) stay
+        return re.sub(r"\{(\w+)\}", lambda m: paths.get(m.group(1), m.group(0)), text)
+
+    argv = [fill(a) for a in case.argv]
+    if case.tool == "train" and case.argv[0] == "run" and "--out" not in argv:
+        argv += ["--out", paths["run"]]
+    return argv, fill(case.names)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: content hash and mode of files, target of links, kind of
+    the rest (FIFOs are never opened)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        st = p.lstat()
+        if stat.S_ISREG(st.st_mode):
+            out[str(p.relative_to(root))] = f"{hashlib.sha256(p.read_bytes()).hexdigest()} {st.st_mode:o}"
+        elif stat.S_ISLNK(st.st_mode):
+            out[str(p.relative_to(root))] = f"-> {os.readlink(p)}"
+        elif not stat.S_ISDIR(st.st_mode):
+            out[str(p.relative_to(root))] = f"special {st.st_mode:o}"
+    return out
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    def expire(signum, frame):
+        raise CaseTimeout(f"no answer within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

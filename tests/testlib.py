@@ -1,0 +1,161 @@
+"""The shared test helpers: run real multi-process code (gloo on CPU, NCCL on GPUs), the
+small models and runs the tests train, and checks on what they leave (DCP checkpoints,
+metrics). Every test directory imports it as ``testlib`` (tests/conftest.py puts tests/ on
+sys.path); no test module imports another."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args: list[str], nproc: int = 2, extra_env: dict | None = None, timeout: float = 300,
+             torchrun_args: list[str] | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node N -m train <args>`` with a private rendezvous port."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           *(torchrun_args or []), "-m", "train", *args]
+    return run(cmd, extra_env, timeout)
+
+
+def train_cli(args: list[str], extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """One process, no torchrun: ``python -m train <args>``."""
+    return run([sys.executable, "-m", "train", *args], extra_env, timeout)
+
+
+def run(cmd: list[str], extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=child_env(extra_env), capture_output=True, text=True, timeout=timeout)
+
+
+def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes with a gloo
+    process group already initialised; re-raises the first failure."""
+    import torch.multiprocessing as mp
+
+    port = free_port()
+    mp.start_processes(_entry, args=(fn, world_size, port, args), nprocs=world_size, join=True,
+                       start_method="spawn")
+
+
+def _entry(rank: int, fn, world_size: int, port: int, args) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def child_env(extra_env: dict | None = None) -> dict:
+    """This process's environment for a child, one OpenMP thread unless set, plus ``extra_env``."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra_env or {})
+    return env
+
+
+def sets(*items: str) -> list[str]:
+    """``["--set", A, "--set", B, ...]``: config overrides as ``train run`` options."""
+    return [arg for item in items for arg in ("--set", item)]
+
+
+# ----------------------------------------------------------------------------- small models
+# ``train run`` options: the small model the CPU end-to-end tests train (64 wide, 2 layers,
+# 32-token sequences, 4 per rank), a metrics row every step. Tests append their own options.
+SMALL_RUN = sets("model.dim=64", "model.n_layers=2", "train.seq_len=32", "train.batch_size=4", "train.log_every=1")
+
+# Config overrides (``load_config(None, BASE + ...)``) of the in-process parallel tests:
+# a 2-layer model, 3 steps on CPU of synthetic data, gradient clipping active, no checkpoints.
+BASE = [
+    "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=256",
+    "train.seq_len=32", "train.batch_size=4", "train.steps=3", "train.device=cpu", "data.source=synthetic",
+    "optim.lr=0.01", "optim.warmup_steps=0", "optim.grad_clip=0.5",  # clipping active: norm ~0.53
+    "checkpoint.final=false", "checkpoint.resume=never", "metrics.progress=false",
+]
+FSDP = ["parallel.strategy=fsdp"]
+# Added to BASE by the FP8 layer tests: dim 32, 4 heads of 8, 1 KV head: wk/wv are 32 -> 8
+# (not a multiple of 16); hidden 128.
+FP8_SMALL = ["model.dim=32", "model.n_heads=4", "model.n_kv_heads=1", "model.n_layers=2"]
+
+
+def load_job(extra):
+    """The job of ``BASE`` plus ``extra`` overrides."""
+    from train.config import load_config
+
+    return load_config(None, BASE + list(extra))
+
+
+def full_state(model) -> dict:
+    """Full (unsharded) parameters with canonical names; a collective for DTensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def load_dcp(ckpt: Path, prefix: str = "") -> dict:
+    """The tensors of a DCP checkpoint whose keys start with ``prefix`` (``"model."``: the
+    model's; ``""``: model and optimizer), loaded without a process group."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    state = {k: torch.empty(v.size, dtype=v.properties.dtype)
+             for k, v in meta.state_dict_metadata.items() if k.startswith(prefix) and hasattr(v, "size")}
+    dcp.load(state, checkpoint_id=str(ckpt))
+    return state
+
+
+# ----------------------------------------------------------------------------- GPU runs
+GPU_RUN = ["run", "--config", "debug", "--steps", "30", "--set", "train.seq_len=256", "--set", "train.batch_size=8",
+           "--set", "train.log_every=1", "--set", "optim.lr=1e-3", "--set", "optim.warmup_steps=5",
+           "--set", "checkpoint.final=false", "--set", "metrics.progress=false"]
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows]
+
+
+def assert_learns(res: subprocess.CompletedProcess, run_dir: Path) -> None:
+    """A ``GPU_RUN`` exited 0 and its 30 losses are finite, the last 5 below 0.8x the first 5."""
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = _losses(run_dir)
+    assert len(losses) == 30 and all(x == x for x in losses), losses
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
+
+
+def one_error_line(stderr: str) -> str:
+    """The one ``error:`` line of a refused command (and no traceback)."""
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def topk_dense(acc, k: int):
+    """The reference Top-K: ``acc`` with all but its ``k`` largest-magnitude entries zeroed."""
+    import torch
+
+    idx = acc.abs().topk(k).indices
+    out = torch.zeros_like(acc)
+    out[idx] = acc[idx]
+    return out
