@@ -63,7 +63,7 @@ except ImportError:  # older torch: async_save stages into fresh host memory eac
     _DefaultStager = _StagingOptions = None
 _ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 
-from train import dist as tdist
+from train import distributed as tdist
 from train.errors import CheckpointError
 
 STEP_RE = re.compile(r"^step_(\d{8})$")

@@ -458,7 +458,7 @@ def measure_step_peak(preset: str, seq: int, batch: int, ac: str = "none", steps
     import torch
 
     from train.config import load_config
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.memory import Plan, estimate, norm_fp32_in_autocast
     from train.trainer import Trainer
 

@@ -24,6 +24,13 @@ TAIL_BYTES = 1 << 20  # a row is a few hundred bytes
 MAX_SCAN_BYTES = 256 << 20  # larger files: only the partial last line is repaired on resume
 
 
+def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s per GPU over the peak; None without a peak."""
+    if not peak_tflops:
+        return None
+    return tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12)
+
+
 class StepTimer:
     """Wall time of a step; synchronises the device so queued GPU work is counted."""
 
@@ -67,7 +74,11 @@ class MetricsLogger:
 
                 self._tb = SummaryWriter(str(out_dir / "tb"))
             except ImportError:
-                print("metrics.tensorboard=true but the tensorboard package is not installed; skipping")
+                log.warning("metrics.tensorboard=true but the tensorboard package is not installed; skipping")
+
+    def mfu(self, tokens_per_s_per_gpu: float) -> float | None:
+        """MFU of this run at ``tokens_per_s_per_gpu`` (None without a peak)."""
+        return mfu(tokens_per_s_per_gpu, self.flops_per_token, self.peak_tflops)
 
     def record(self, step: int, loss: float, tokens: int, step_time: float, lr: float,
                grad_norm: float, peak_mem_gib: float, **extra) -> dict:
@@ -83,7 +94,7 @@ class MetricsLogger:
             "lr": lr,
             "grad_norm": grad_norm,
             "peak_mem_gib": peak_mem_gib,
-            "mfu": (per_gpu * self.flops_per_token / (self.peak_tflops * 1e12)) if self.peak_tflops else None,
+            "mfu": self.mfu(per_gpu),
             **extra,
         }
         if self._fd is not None:

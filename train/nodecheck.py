@@ -87,7 +87,7 @@ def measure(info, nbytes: int, iters: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.comm.bandwidth import busbw
 
     facts = _facts(info.local_rank)
@@ -248,7 +248,7 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
     if json_path is not None and json_path.is_dir():
         fail(f"--json {json_path}: is a directory", 2)
 
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.doctor import smi_gpus
 
     t0 = time.perf_counter()

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from train import dist as tdist
+from train import distributed as tdist
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state
 from train.data import ShardInfo, build_loader
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory

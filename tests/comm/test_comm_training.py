@@ -19,7 +19,7 @@ from torch import nn
 from dist_utils import spawn
 from train.comm.hooks import register_comm_hook
 from train.config import load_config
-from train.dist import DistInfo
+from train.distributed import DistInfo
 from train.parallel import Parallelized
 
 TINY = ["model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=64", "train.batch_size=2",

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from train.config import load_config
-from train.dist import DistInfo
+from train.distributed import DistInfo
 from train.memory import (GiB, Plan, block_activation_bytes, candidate_plans, estimate, max_batch,
                           param_count, param_shapes, recommend)
 from train.models.llama import Transformer

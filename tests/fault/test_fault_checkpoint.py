@@ -22,7 +22,7 @@ from dist_utils import ROOT, train_cli
 from train.errors import CheckpointError
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state, verify
 from train.config import ModelConfig
-from train.dist import DistInfo
+from train.distributed import DistInfo
 from train.models.llama import Transformer
 
 SMALL = ["--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",

@@ -84,7 +84,7 @@ def _fsdp_float8_worker(rank, world, recipe, result_file):
     from torchao.float8.float8_linear import Float8Linear
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.optim import build_optimizer
     from train.parallel import parallelize
     from train.precision.fp8 import apply_float8
@@ -156,7 +156,7 @@ def test_gpu_torchao_fp8_trains_and_layers_are_float8(tmp_path, recipe):
         pytest.skip(f"FP8 needs sm_89+, this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
     from torchao.float8.float8_linear import Float8Linear
 
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     from train.config import load_config

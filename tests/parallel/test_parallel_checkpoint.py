@@ -50,7 +50,7 @@ def _resume_and_compare(trainer, out: Path, step: int) -> None:
 def _fsdp_worker(rank, world, out, resume_at):
     """2 FSDP ranks. ``resume_at=None``: train 2 steps with activation checkpointing and
     save; else resume (no AC), compare with what the saver recorded."""
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     job = load_job(FSDP + STEPS + ([] if resume_at else ["parallel.ac=full"]))
@@ -71,7 +71,7 @@ def _single_worker(out):
     import os
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     job = load_job(["train.steps=4"])

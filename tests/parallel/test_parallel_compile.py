@@ -27,7 +27,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank, world, result_file):
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")

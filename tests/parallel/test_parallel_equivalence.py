@@ -76,7 +76,7 @@ def full_state(model) -> dict[str, torch.Tensor]:
 
 
 def _run_configs(rank, world, configs, result_file):
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     ref = reference_init()

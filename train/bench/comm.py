@@ -309,7 +309,7 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
 
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.bench.compression import have_matplotlib
     from train.bench.report import environment_meta, write_report
     from train.comm.links import emulate_link as apply_link

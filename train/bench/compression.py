@@ -174,7 +174,7 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     except (ConfigError, ValueError) as exc:
         fail(str(exc), 2)
 
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.bench.report import environment_meta, write_report
     from train.comm.links import emulate_link as apply_link
     from train.comm.links import nccl_environment
@@ -224,7 +224,7 @@ def _relative_to_none(rows: list[dict]) -> None:
 
 
 def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int) -> dict:
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.metrics import read_metrics
     from train.trainer import Trainer
 
