@@ -212,7 +212,6 @@ def check_resume_keeps_compression_state(rank, world, tmp):
         a = _trainer(overrides, out, rank, world)
         for _ in range(5):
             a.train_step()
-            a.step += 1
         a.save_checkpoint()
         saved = a.par.extra_state[name].state_dict()
         if name == "comm_localsgd":  # torch's post-local SGD state stops counting once local

@@ -27,7 +27,6 @@ def _full_optim(model, optimizer) -> dict:
 def _train_and_save(trainer, out: Path, rank: int) -> None:
     for _ in range(2):
         trainer.train_step()
-        trainer.step += 1
     trainer.save_checkpoint()
     model_sd, optim_sd = full_state(trainer.par.model), _full_optim(trainer.par.model, trainer.optimizer)
     if rank == 0:

@@ -105,7 +105,7 @@ def _check_host_grad_norm(trainer) -> None:
     equals DTensor's, and clipping with it scales to the requested norm."""
     from train.parallel.fsdp import clip_host_sharded_grads_
 
-    trainer._forward_backward()
+    trainer.forward_backward()
     params = list(trainer.par.model.parameters())
     ref = float(torch.nn.utils.get_total_norm([p.grad for p in params]).full_tensor())
     mine = float(clip_host_sharded_grads_(params, 0.0))

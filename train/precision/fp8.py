@@ -82,15 +82,15 @@ def _local_capability(device_pref: str) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(index)
 
 
-def check_float8(job, world_size: int) -> None:
-    """Preflight (no process group yet): raise ConfigError when FP8 cannot run here."""
+def check_float8(job, dims) -> None:
+    """Preflight (no process group yet): raise ConfigError when FP8 cannot run here.
+    ``dims``: the run's :class:`~train.parallel.dims.ParallelDims`."""
     from train.errors import ConfigError
-    from train.parallel.config import resolve_mesh
 
     cfg = job.fp8
     if cfg.backend == "none":
         return
-    _, _, tp = resolve_mesh(job.parallel, world_size, job.model.n_heads, job.model.kv_heads)
+    tp = dims.tp
     installed = importlib.util.find_spec(PACKAGES[cfg.backend]) is not None
     problem = float8_problem(cfg, _local_capability(job.train.device), installed, tp, job.parallel.compile,
                              torch_supports_torchao_mxfp8(), job.parallel.ac)
@@ -98,23 +98,16 @@ def check_float8(job, world_size: int) -> None:
         raise ConfigError(problem)
 
 
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def apply_float8(model, cfg, device, parallel_cfg, emulate: bool = False):
-    """Swap the block linears of ``model`` (meta device is fine) for FP8 ones."""
+def apply_float8(model, cfg, device, dims, emulate: bool = False):
+    """Swap the block linears of ``model`` (meta device is fine) for FP8 ones. ``dims``:
+    the run's :class:`~train.parallel.dims.ParallelDims` (TP degree, FSDP sharding)."""
     if cfg.backend == "none":
         return model
-    world = _world_size()
     if cfg.backend == "torchao":
-        from train.parallel.config import resolve_mesh
         from train.precision import fp8_torchao
 
-        _, dp_shard, tp = resolve_mesh(parallel_cfg, world, model.cfg.n_heads, model.cfg.kv_heads)
-        all_gather = cfg.fsdp_float8_all_gather and parallel_cfg.strategy == "fsdp" and dp_shard > 1
-        return fp8_torchao.convert(model, cfg.resolved_recipe, tp, all_gather, emulate=emulate)
+        all_gather = cfg.fsdp_float8_all_gather and dims.fsdp_enabled and dims.dp_shard_enabled
+        return fp8_torchao.convert(model, cfg.resolved_recipe, dims.tp, all_gather, emulate=emulate)
     if cfg.backend == "te":
         from train.precision import fp8_te
 
