@@ -27,6 +27,9 @@ Per-rank state is read with ``torch.load(weights_only=True)``: it holds tensors 
 plain Python containers only (the numpy RNG state is stored as a tensor), so loading a
 checkpoint cannot run code from the file. State registered in ``extra_state`` by other
 components must follow that rule.
+
+This module is the storage: what is in a checkpoint is assembled by the ``Stateful``
+objects of :mod:`train.state`, and when to save by :class:`train.checkpointer.Checkpointer`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -51,6 +52,35 @@ def peak_memory_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return 0.0
+
+
+class ProgressBar:
+    """A rich progress bar on rank 0 when stdout is a terminal; silent otherwise."""
+
+    def __init__(self, enabled: bool, total: int, start: int):
+        self.bar = None
+        if enabled and sys.stdout.isatty():
+            try:
+                from rich.progress import (
+                    BarColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
+            except ImportError:
+                return
+            self.bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), transient=True)
+            self.task = self.bar.add_task("train", total=total, completed=start, loss="-")
+            self.bar.start()
+
+    def update(self, step: int, loss: float) -> None:
+        if self.bar:
+            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}")
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
 
 
 class MetricsLogger:

@@ -22,7 +22,7 @@ from train.data import ShardInfo, build_loader
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
-from train.metrics import MetricsLogger, StepTimer, mfu, peak_memory_gib
+from train.metrics import MetricsLogger, ProgressBar, StepTimer, mfu, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler
 from train.parallel import ParallelDims, Parallelized, parallelize
@@ -268,7 +268,7 @@ class Trainer:
         job, summary = self.job, Summary(start_step=self.step)
         tokens_per_step = job.train.batch_size * job.train.seq_len * self.accum * self.par.dp_world
         timer = StepTimer(self.device)
-        progress = _Progress(self.info.is_main and job.metrics.progress, job.train.steps, self.step)
+        progress = ProgressBar(self.info.is_main and job.metrics.progress, job.train.steps, self.step)
         tracer = StepTracer(parse_window(job.metrics.trace_steps), self.out_dir, self.info.rank, self.device)
         try:
             while self.step < job.train.steps:
@@ -342,35 +342,6 @@ class Trainer:
     def _log(self, msg: str) -> None:
         if self.info.is_main:
             log.info("%s", msg)
-
-
-class _Progress:
-    """A rich progress bar on rank 0 when stdout is a terminal; silent otherwise."""
-
-    def __init__(self, enabled: bool, total: int, start: int):
-        self.bar = None
-        if enabled and sys.stdout.isatty():
-            try:
-                from rich.progress import (
-                    BarColumn,
-                    Progress,
-                    TextColumn,
-                    TimeRemainingColumn,
-                )
-            except ImportError:
-                return
-            self.bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), transient=True)
-            self.task = self.bar.add_task("train", total=total, completed=start, loss="-")
-            self.bar.start()
-
-    def update(self, step: int, loss: float) -> None:
-        if self.bar:
-            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}")
-
-    def close(self) -> None:
-        if self.bar:
-            self.bar.stop()
 
 
 def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMemory | None:
