@@ -225,6 +225,8 @@ class Trainer:
         return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0
 
     def train_step(self) -> tuple[float, float, bool]:
+        """One optimizer step over all micro-batches; advances :attr:`step`. Returns the mean
+        loss over ranks, the gradient norm, and whether any rank was asked to stop."""
         with tdist.collective(_GRAD_SYNC.get(self.job.parallel.strategy, "gradient collectives (forward/backward)")):
             loss = self.forward_backward()
         with phase("optimizer"):  # unscale, clip (grad-norm all_reduce), agreement all_reduce, step
