@@ -115,9 +115,13 @@ def check_device(job: JobConfig) -> None:
     cuda = torch.cuda.is_available()
     if job.train.device == "cuda" and not cuda:
         raise ConfigError("train.device=cuda: no CUDA GPU is visible here (use train.device=auto or cpu)")
+    from train.precision.amp import resolve_precision
+
     on_cpu = job.train.device == "cpu" or not cuda
-    if on_cpu and job.train.precision == "fp16":
-        raise ConfigError("train.precision=fp16 needs a CUDA GPU (use bf16 or fp32 on the CPU)")
+    try:  # the precision rules live with the precision code (fp16 needs a GPU)
+        resolve_precision(job.train.precision, torch.device("cpu" if on_cpu else "cuda"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_data(job: JobConfig) -> None:
