@@ -27,6 +27,9 @@ Per-rank state is read with ``torch.load(weights_only=True)``: it holds tensors 
 plain Python containers only (the numpy RNG state is stored as a tensor), so loading a
 checkpoint cannot run code from the file. State registered in ``extra_state`` by other
 components must follow that rule.
+
+This module is the storage: what is in a checkpoint is assembled by the ``Stateful``
+objects of :mod:`train.state`, and when to save by :class:`train.checkpointer.Checkpointer`.
 """
 
 from __future__ import annotations
@@ -35,36 +38,42 @@ import datetime
 import inspect
 import io
 import json
+import logging
 import os
-import random
 import re
 import shutil
-import sys
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
 
 try:  # torch >= 2.9: reusable (pinned) staging buffers for async_save
     from torch.distributed.checkpoint.staging import DefaultStager as _DefaultStager
     from torch.distributed.checkpoint.staging import StagingOptions as _StagingOptions
 except ImportError:  # older torch: async_save stages into fresh host memory each time
     _DefaultStager = _StagingOptions = None
-_ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 
-from train import dist as tdist
+from launch.safety import (
+    atomic_write,  # the one writer: temp + fsync + rename, regular files only
+)
+from train import distributed as tdist
+from train.checkpoint_files import (
+    describe_failure,
+    fsync_dir,
+    timed_out,
+    unreadable_metadata,
+    verify,
+)
 from train.errors import CheckpointError
+from train.state import ModelOptimizer, rng_state, set_rng_state  # noqa: F401 - rng_*: public here too
+
+_ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
+log = logging.getLogger(__name__)
 
 STEP_RE = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
@@ -94,90 +103,11 @@ def _kept(previous: Path | None) -> str:
     return f"{previous} is still the latest complete checkpoint" if previous else "no earlier checkpoint exists"
 
 
-def _unreadable_metadata(ckpt: Path) -> str | None:
-    try:
-        dcp.FileSystemReader(str(ckpt)).read_metadata()
-    except Exception as exc:  # noqa: BLE001 - any reason means unreadable
-        return f".metadata is unreadable ({type(exc).__name__})"
-    return None
-
-
 def _warn(msg: str) -> None:
-    print(f"[checkpoint] warning: {msg}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- RNG state
-
-
-def rng_state() -> dict[str, Any]:
-    """All RNG states as tensors and plain Python values (loadable with weights_only)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    npst = state["numpy"]
-    np.random.set_state((npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
-                         npst["has_gauss"], npst["cached_gaussian"]))
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    log.warning("%s", msg)
 
 
 # ----------------------------------------------------------------------------- verification
-
-
-def _fsync_write(path: Path, text: str) -> None:
-    from launch.safety import (
-        atomic_write,  # the one writer: temp + fsync + rename, regular files only
-    )
-
-    atomic_write(path, text, what="checkpoint")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def verify(ckpt: Path) -> str | None:
-    """None when ``ckpt`` is complete, else the reason it is not."""
-    manifest_path = ckpt / "manifest.json"
-    if not manifest_path.is_file():
-        return "no manifest.json (incomplete save)"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = dict(manifest["files"])
-        sizes = {str(k): int(v) for k, v in files.items()}
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-        return "manifest.json is unreadable"
-    for required in (".metadata", "extra_rank0.pt"):
-        if required not in sizes:
-            return f"manifest.json does not list {required}"
-    for name, size in sizes.items():
-        f = ckpt / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if f.stat().st_size != size:
-            return f"{name} has {f.stat().st_size} bytes, manifest says {size}"
-    return None
 
 
 class CheckpointManager:
@@ -280,14 +210,10 @@ class CheckpointManager:
         def write_extra() -> None:
             buf = io.BytesIO()  # serialised in memory: a full disk is then a plain OSError (ENOSPC)
             torch.save(extra, buf)
-            with open(tmp / f"extra_rank{self.rank}.pt", "wb") as fh:
-                fh.write(buf.getbuffer())
-                fh.flush()
-                os.fsync(fh.fileno())
+            atomic_write(tmp / f"extra_rank{self.rank}.pt", buf.getvalue(), what="checkpoint")
 
         def write_shards() -> None:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
+            state = ModelOptimizer(model, optimizer).state_dict()
             if self.async_save:
                 stager = self._get_stager()
                 kwargs = {"async_stager": stager} if stager is not None else {}
@@ -329,7 +255,7 @@ class CheckpointManager:
             try:
                 pending.future.result()
             except (Exception, dcp.CheckpointException) as exc:  # noqa: BLE001 - decided together below
-                if _timed_out(exc, self.info):
+                if timed_out(exc, self.info):
                     raise
                 err = describe_failure(exc, self.rank, self.root)
             failed = tdist.first_error(self.info, err)
@@ -348,16 +274,16 @@ class CheckpointManager:
                 return
             files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
             manifest = {"step": step, "world_size": self.world_size, "files": files}
-            _fsync_write(tmp / "manifest.json", json.dumps(manifest, indent=1))
-            reason = verify(tmp) or _unreadable_metadata(tmp)
+            atomic_write(tmp / "manifest.json", json.dumps(manifest, indent=1), what="checkpoint")
+            reason = verify(tmp) or unreadable_metadata(tmp)
             if reason:
                 raise CheckpointError(f"{tmp} does not verify after writing: {reason}")
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             if final.exists():  # same step saved again (e.g. resumed run): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
-            _fsync_write(self.root / "latest", final.name + "\n")
+            fsync_dir(self.root)
+            atomic_write(self.root / "latest", final.name + "\n", what="checkpoint")
 
         with tdist.collective("checkpoint save (barrier)"):
             self._attempt(commit, step, tmp, previous)
@@ -370,7 +296,7 @@ class CheckpointManager:
         try:
             fn()
         except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
-            if _timed_out(exc, self.info):
+            if timed_out(exc, self.info):
                 raise
             err = describe_failure(exc, self.rank, self.root)
         failed = tdist.first_error(self.info, err)
@@ -439,14 +365,11 @@ class CheckpointManager:
             dcp.FileSystemReader(str(ckpt)).read_metadata()
         except Exception as exc:  # noqa: BLE001 - any reason means unreadable
             raise CheckpointError(f"{ckpt / '.metadata'} is unreadable ({type(exc).__name__}: {exc})") from None
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        shards = ModelOptimizer(model, optimizer)
+        state = shards.state_dict()
         with tdist.collective("checkpoint load (DCP)"):
             dcp.load(state, checkpoint_id=str(ckpt))
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-            options=StateDictOptions(strict=True),
-        )
+        shards.load_state_dict(state)
         own = ckpt / f"extra_rank{self.rank}.pt"
         path = own if own.is_file() else ckpt / "extra_rank0.pt"
         if path != own:
@@ -463,7 +386,7 @@ class CheckpointManager:
             try:
                 extra = self.load(ckpt, model, optimizer)
             except (Exception, dcp.CheckpointException) as exc:  # decided together below
-                if _timed_out(exc, self.info):
+                if timed_out(exc, self.info):
                     raise
                 err = describe_failure(exc, self.rank)
             failed = tdist.first_error(self.info, err)
@@ -481,43 +404,3 @@ class CheckpointManager:
     @staticmethod
     def _saved_world(ckpt: Path) -> int:
         return json.loads((ckpt / "manifest.json").read_text())["world_size"]
-
-
-def _timed_out(exc: BaseException, info: tdist.DistInfo) -> bool:
-    """A collective timeout propagates to the loop (it names the op and rank there)."""
-    return info.backend is not None and "timed out" in str(exc).lower()
-
-
-def describe_failure(exc: BaseException, rank: int, disk: Path | None = None) -> str:
-    """``rank R: <cause>`` on one line; DCP's CheckpointException is unwrapped to the
-    first failing rank's own exception (it would otherwise carry a traceback). For a
-    save (``disk`` given) whose cause is not an OS error with an errno - torch's zip
-    writer turns ENOSPC/EFBIG into "unexpected pos" - the free space is appended."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        first = min(failures)
-        inner = failures[first]
-        inner = inner[0] if isinstance(inner, tuple) else inner
-        if isinstance(inner, BaseException):
-            return describe_failure(inner, first, disk)
-    if isinstance(exc, OSError) and exc.errno:
-        what = f"{os.strerror(exc.errno)} (errno {exc.errno})"
-        where = f": {exc.filename}" if exc.filename else ""
-        text = f"{what}{where}"
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-        if "unexpected pos" in text:  # torch's zip writer (torch.save) on a failed write
-            text = "No space left on device or file too large (torch.save: 'unexpected pos')"
-        if disk is not None:
-            try:
-                free = shutil.disk_usage(disk).free / 2**20
-            except OSError:
-                free = None
-            if free is not None and free < 1 and "unexpected pos" in text:  # the zip writer's failed write
-                text = f"No space left on device (torch's writer: unexpected pos; free space on {disk}: {free:.1f} MiB)"
-            elif free is not None:
-                text += f" (free space on {disk}: {free:.1f} MiB)"
-    text = " ".join(text.split())
-    if len(text) > 400:
-        text = text[:397] + "..."
-    return f"rank {rank}: {text}"

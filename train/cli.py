@@ -15,7 +15,7 @@ import click
 from launch.errors import InputError
 from launch.safety import StrictInt, harden_click
 from train.config import SEED_MAX
-from train.console import fail
+from train.console import fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError
 
 
@@ -80,6 +80,7 @@ def main() -> None:
 def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change, checkpoint_every, seed, overrides,
             flight_recorder) -> None:
     """Train. Works as one process or under torchrun (reads RANK, WORLD_SIZE, ...)."""
+    setup()  # the train loggers -> stderr, rank-prefixed
     from train import preflight, rundir
     from train.config import load_config
     from train.errors import DataError

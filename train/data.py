@@ -18,7 +18,6 @@ The position (epoch, cursor) is saved in checkpoints.
 from __future__ import annotations
 
 import json
-import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,15 +28,10 @@ import torch
 from launch.errors import InputError
 from launch.safety import atomic_write, excerpt, read_bounded
 from train.errors import DataError
+from train.paths import default_cache_dir
 
 EMBEDDED_VOCAB = 256
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hopper-train"
 
 
 def _stdlib_sources() -> list[Path]:

@@ -38,6 +38,19 @@ def peak_bf16_tflops(device_name: str) -> float | None:
     return None
 
 
+# compute capability -> architecture / product name (for messages)
+ARCH_NAMES: dict[tuple[int, int], str] = {
+    (8, 0): "A100", (8, 6): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell B200/GB200",
+    (12, 0): "RTX Pro 6000 Blackwell",
+}
+
+
+def sm_name(capability: tuple[int, int]) -> str:
+    """``sm_90 (Hopper)``: the compute capability as an SM name, with the architecture when known."""
+    name = ARCH_NAMES.get(capability)
+    return f"sm_{capability[0]}{capability[1]}" + (f" ({name})" if name else "")
+
+
 def fp8_kinds(capability: tuple[int, int]) -> tuple[str, ...]:
     if capability in FP8_BY_CAPABILITY:
         return FP8_BY_CAPABILITY[capability]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,13 @@ from launch.safety import check_output_target
 log = logging.getLogger(__name__)
 TAIL_BYTES = 1 << 20  # a row is a few hundred bytes
 MAX_SCAN_BYTES = 256 << 20  # larger files: only the partial last line is repaired on resume
+
+
+def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_tflops: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved FLOP/s per GPU over the peak; None without a peak."""
+    if not peak_tflops:
+        return None
+    return tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12)
 
 
 class StepTimer:
@@ -46,6 +54,35 @@ def peak_memory_gib(device: torch.device) -> float:
     return 0.0
 
 
+class ProgressBar:
+    """A rich progress bar on rank 0 when stdout is a terminal; silent otherwise."""
+
+    def __init__(self, enabled: bool, total: int, start: int):
+        self.bar = None
+        if enabled and sys.stdout.isatty():
+            try:
+                from rich.progress import (
+                    BarColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
+            except ImportError:
+                return
+            self.bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), transient=True)
+            self.task = self.bar.add_task("train", total=total, completed=start, loss="-")
+            self.bar.start()
+
+    def update(self, step: int, loss: float) -> None:
+        if self.bar:
+            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}")
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
 class MetricsLogger:
     def __init__(self, out_dir: Path | None, enabled: bool, flops_per_token: float,
                  peak_tflops: float | None, world_size: int, tensorboard: bool = False,
@@ -67,7 +104,11 @@ class MetricsLogger:
 
                 self._tb = SummaryWriter(str(out_dir / "tb"))
             except ImportError:
-                print("metrics.tensorboard=true but the tensorboard package is not installed; skipping")
+                log.warning("metrics.tensorboard=true but the tensorboard package is not installed; skipping")
+
+    def mfu(self, tokens_per_s_per_gpu: float) -> float | None:
+        """MFU of this run at ``tokens_per_s_per_gpu`` (None without a peak)."""
+        return mfu(tokens_per_s_per_gpu, self.flops_per_token, self.peak_tflops)
 
     def record(self, step: int, loss: float, tokens: int, step_time: float, lr: float,
                grad_norm: float, peak_mem_gib: float, **extra) -> dict:
@@ -83,7 +124,7 @@ class MetricsLogger:
             "lr": lr,
             "grad_norm": grad_norm,
             "peak_mem_gib": peak_mem_gib,
-            "mfu": (per_gpu * self.flops_per_token / (self.peak_tflops * 1e12)) if self.peak_tflops else None,
+            "mfu": self.mfu(per_gpu),
             **extra,
         }
         if self._fd is not None:

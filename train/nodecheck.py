@@ -90,7 +90,7 @@ def measure(info, nbytes: int, iters: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.comm.bandwidth import busbw
 
     facts = _facts(info.local_rank)
@@ -254,7 +254,7 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
         except InputError as exc:
             fail(str(exc), 2)
 
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.doctor.probes import smi_gpus
 
     t0 = time.perf_counter()

@@ -14,7 +14,8 @@ from pathlib import Path
 from launch.safety import excerpt, reserved_path
 from train.config import JobConfig
 from train.errors import ConfigError
-from train.parallel.config import check_parallel, resolve_mesh
+from train.parallel.config import check_offload_device
+from train.parallel.dims import ParallelDims
 from train.precision.fp8 import check_float8
 
 
@@ -27,11 +28,12 @@ def world_size_from_env() -> int:
     return int(raw)
 
 
-def check_job(job: JobConfig, world_size: int) -> None:
-    _, _, tp = resolve_mesh(job.parallel, world_size, job.model.n_heads, job.model.kv_heads)
-    check_parallel(job, world_size)
-    check_float8(job, world_size)
-    dp = world_size // tp
+def check_job(job: JobConfig, world_size: int) -> ParallelDims:
+    """Every check of the job that needs only the world size; returns its parallel dims."""
+    dims = ParallelDims.from_job(job, world_size)
+    check_offload_device(job)
+    check_float8(job, dims)
+    dp = dims.dp
     gbs = job.train.global_batch_size
     per_step = job.train.batch_size * dp
     if gbs and gbs % per_step:
@@ -39,6 +41,7 @@ def check_job(job: JobConfig, world_size: int) -> None:
             f"train.global_batch_size: {gbs} is not divisible by batch_size x dp ranks = "
             f"{job.train.batch_size} x {dp} = {per_step}"
         )
+    return dims
 
 
 def check_out_dir(out) -> Path:
@@ -112,9 +115,13 @@ def check_device(job: JobConfig) -> None:
     cuda = torch.cuda.is_available()
     if job.train.device == "cuda" and not cuda:
         raise ConfigError("train.device=cuda: no CUDA GPU is visible here (use train.device=auto or cpu)")
+    from train.precision.amp import resolve_precision
+
     on_cpu = job.train.device == "cpu" or not cuda
-    if on_cpu and job.train.precision == "fp16":
-        raise ConfigError("train.precision=fp16 needs a CUDA GPU (use bf16 or fp32 on the CPU)")
+    try:  # the precision rules live with the precision code (fp16 needs a GPU)
+        resolve_precision(job.train.precision, torch.device("cpu" if on_cpu else "cuda"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_data(job: JobConfig) -> None:

@@ -60,7 +60,7 @@ def _trainer_worker(rank, world, result_file):
     import tempfile
     from pathlib import Path
 
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     base = ["model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=64", "train.seq_len=16",

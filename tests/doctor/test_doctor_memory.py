@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from train.config import load_config
-from train.dist import DistInfo
+from train.distributed import DistInfo
 from train.doctor.memory import GiB, Plan, block_activation_bytes, estimate, param_count, param_shapes
 from train.doctor.planning import candidate_plans, max_batch, recommend
 from train.models.llama import Transformer

@@ -6,6 +6,7 @@ job is resumed from what is left."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import shutil
@@ -21,7 +22,7 @@ from testlib import ROOT, SMALL_RUN, load_dcp, train_cli
 from train.errors import CheckpointError
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state, verify
 from train.config import ModelConfig
-from train.dist import DistInfo
+from train.distributed import DistInfo
 from train.models.llama import Transformer
 
 SMALL = SMALL_RUN + ["--set", "metrics.progress=false"]
@@ -105,17 +106,22 @@ CORRUPTIONS = ["missing_shard", "truncated_shard", "garbage_manifest", "no_manif
 
 
 @pytest.mark.parametrize("how", CORRUPTIONS)
-def test_corrupted_latest_is_skipped_with_a_warning_and_previous_loads(three_checkpoints, how, capfd):
+def test_corrupted_latest_is_skipped_with_a_warning_and_previous_loads(three_checkpoints, how, caplog):
     mgr, weights = three_checkpoints
     newest = mgr.root / "step_00000006"
     expected = _corrupt(newest, how)
     m, opt = _model(99)
-    path, extra = mgr.load_latest(m, opt)
-    err = capfd.readouterr().err
+    logger = logging.getLogger("train.checkpoint")  # its records, whatever the train loggers' setup
+    logger.addHandler(caplog.handler)
+    try:
+        path, extra = mgr.load_latest(m, opt)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert path.name == "step_00000004" and extra["step"] == 4 and extra["note"] == "s4"
     assert torch.equal(m.output.weight, weights[4])
-    warn = [ln for ln in err.splitlines() if "warning" in ln and ("step_00000006" in ln)]
-    assert warn and expected in " ".join(warn), err
+    warn = [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "step_00000006" in r.getMessage()]
+    assert warn and expected in " ".join(warn), caplog.text
     assert not (mgr.root / "pwned").exists()
 
 

@@ -72,7 +72,7 @@ def test_unwritable_out_dir_is_a_usage_error(tmp_path):
 def test_flight_recorder_settings(tmp_path, monkeypatch):
     """--flight-recorder N -> TORCH_FR_BUFFER_SIZE; the trainer then asks NCCL to dump on
     timeout into OUT/flight_recorder unless the user chose a dump path."""
-    from train.dist import flight_recorder_env
+    from train.distributed import flight_recorder_env
 
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
                  "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
@@ -92,7 +92,7 @@ def test_flight_recorder_settings(tmp_path, monkeypatch):
 
 
 def test_restart_hazard_of_the_shared_rendezvous_store(monkeypatch):
-    from train.dist import shared_store_hazard
+    from train.distributed import shared_store_hazard
 
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
@@ -109,7 +109,7 @@ def test_torchrun_kill_timeout_as_seen_by_a_worker(monkeypatch):
 
     from torch.distributed.launcher.api import LaunchConfig
 
-    from train.dist import torchrun_kill_after_s
+    from train.preemption import torchrun_kill_after_s
 
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert torchrun_kill_after_s() is None  # not under torchrun

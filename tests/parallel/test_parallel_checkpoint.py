@@ -26,7 +26,6 @@ def _full_optim(model, optimizer) -> dict:
 def _train_and_save(trainer, out: Path, rank: int) -> None:
     for _ in range(2):
         trainer.train_step()
-        trainer.step += 1
     trainer.save_checkpoint()
     model_sd, optim_sd = full_state(trainer.par.model), _full_optim(trainer.par.model, trainer.optimizer)
     if rank == 0:
@@ -49,7 +48,7 @@ def _resume_and_compare(trainer, out: Path, step: int) -> None:
 def _fsdp_worker(rank, world, out, resume_at):
     """2 FSDP ranks. ``resume_at=None``: train 2 steps with activation checkpointing and
     save; else resume (no AC), compare with what the saver recorded."""
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     job = load_job(FSDP + STEPS + ([] if resume_at else ["parallel.ac=full"]))
@@ -70,7 +69,7 @@ def _single_worker(out):
     import os
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     job = load_job(["train.steps=4"])

@@ -26,7 +26,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank, world, result_file):
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
@@ -35,7 +35,7 @@ def _worker(rank, world, result_file):
         trainer = Trainer(load_job(TP + [f"parallel.compile={str(compiled).lower()}"]), info,
                           Path(tempfile.mkdtemp()))
         names = [n for n, _ in trainer.par.model.named_parameters()]
-        trainer._forward_backward()
+        trainer.forward_backward()
         grads = _grads(trainer.par.model)
         trainer.optimizer.zero_grad(set_to_none=True)
         losses = [trainer.train_step()[0] for _ in range(2)]

@@ -54,7 +54,7 @@ def reference_init() -> dict[str, torch.Tensor]:
 
 
 def _run_configs(rank, world, configs, result_file):
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     ref = reference_init()
@@ -83,7 +83,7 @@ def _check_host_grad_norm(trainer) -> None:
     equals DTensor's, and clipping with it scales to the requested norm."""
     from train.parallel.fsdp import clip_host_sharded_grads_
 
-    trainer._forward_backward()
+    trainer.forward_backward()
     params = list(trainer.par.model.parameters())
     ref = float(torch.nn.utils.get_total_norm([p.grad for p in params]).full_tensor())
     mine = float(clip_host_sharded_grads_(params, 0.0))

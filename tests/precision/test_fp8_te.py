@@ -26,12 +26,13 @@ def test_block_linears_become_te_linear_on_meta_with_unchanged_names():
 
     from train.config import load_config
     from train.models.llama import Transformer
+    from train.parallel.dims import ParallelDims
     from train.precision.fp8 import apply_float8
 
     job = load_config(None, BASE + FP8_SMALL + ["fp8.backend=te"])
     with torch.device("meta"):
         plain = Transformer(job.model)
-        model = apply_float8(Transformer(job.model), job.fp8, torch.device("cpu"), job.parallel)
+        model = apply_float8(Transformer(job.model), job.fp8, torch.device("cpu"), ParallelDims.from_job(job, 1))
     swapped = sorted(n for n, m in model.named_modules() if isinstance(m, te.Linear))
     assert len(swapped) == 10, swapped  # wq, wo, w1, w2, w3 in 2 blocks; wk/wv (32 -> 8) stay
     assert type(model.output) is nn.Linear

@@ -35,10 +35,11 @@ def _meta_model(extra):
 def test_block_linears_become_float8_output_and_odd_dims_stay(recipe):
     from torchao.float8.float8_linear import Float8Linear
 
+    from train.parallel.dims import ParallelDims
     from train.precision.fp8 import apply_float8
 
     job, model = _meta_model([f"fp8.recipe={recipe}"])
-    model = apply_float8(model, job.fp8, torch.device("cpu"), job.parallel)
+    model = apply_float8(model, job.fp8, torch.device("cpu"), ParallelDims.from_job(job, 1))
     converted = sorted(n for n, m in model.named_modules() if isinstance(m, Float8Linear))
     assert converted == sorted(f"layers.{i}.{name}" for i in range(2) for name in BLOCK_LINEARS)
     assert type(model.output) is nn.Linear
@@ -49,6 +50,7 @@ def test_block_linears_become_float8_output_and_odd_dims_stay(recipe):
 
 @needs_torchao
 def test_mxfp8_wraps_block_weights_and_survives_materialization():
+    from train.parallel.dims import ParallelDims
     from train.precision.fp8 import apply_float8, torch_supports_torchao_mxfp8
 
     if not torch_supports_torchao_mxfp8():
@@ -56,7 +58,7 @@ def test_mxfp8_wraps_block_weights_and_survives_materialization():
     from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
 
     job, model = _meta_model(["fp8.recipe=mxfp8", "model.dim=64", "model.n_kv_heads=2"])  # wk: 64 -> 32
-    model = apply_float8(model, job.fp8, torch.device("cpu"), job.parallel)
+    model = apply_float8(model, job.fp8, torch.device("cpu"), ParallelDims.from_job(job, 1))
     model.to_empty(device="cpu")
     model.init_weights(0)
     wrapped = sorted(n for n, p in model.named_parameters() if isinstance(p.data, MXFP8TrainingWeightWrapperTensor))
@@ -80,14 +82,15 @@ def _fsdp_float8_worker(rank, world, recipe, result_file):
     from torchao.float8.float8_linear import Float8Linear
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.optim import build_optimizer
     from train.parallel import parallelize
+    from train.parallel.dims import ParallelDims
     from train.precision.fp8 import apply_float8
 
     job, model = _meta_model(FSDP + [f"fp8.recipe={recipe}", "optim.grad_clip=0", "optim.lr=0.02"])
     info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
-    model = apply_float8(model, job.fp8, info.device, job.parallel, emulate=True)
+    model = apply_float8(model, job.fp8, info.device, ParallelDims.from_job(job, world), emulate=True)
 
     def materialize(m):
         m.to_empty(device="cpu")
@@ -137,7 +140,7 @@ def test_gpu_torchao_fp8_trains_and_layers_are_float8(tmp_path, recipe):
         pytest.skip(f"FP8 needs sm_89+, this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
     from torchao.float8.float8_linear import Float8Linear
 
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     from train.config import load_config

@@ -6,7 +6,7 @@ from testlib import train_cli
 from train.errors import ConfigError
 from train.config import load_config, parse_overrides
 from train.models.presets import MODEL_PRESETS
-from train.parallel.config import resolve_mesh
+from train.parallel.dims import ParallelDims
 from train.preflight import check_job
 
 
@@ -61,11 +61,12 @@ def test_parse_overrides_nested():
 def test_mesh_and_batch_checks_need_no_process_group():
     cfg = load_config("tiny", ["parallel.strategy=fsdp", "parallel.dp_shard=2", "parallel.dp_replicate=1"])
     with pytest.raises(ConfigError, match="does not match world size 4"):
-        resolve_mesh(cfg.parallel, 4, 4, 4)
-    assert resolve_mesh(cfg.parallel, 2, 4, 4) == (1, 2, 1)
+        ParallelDims.resolve(cfg.parallel, 4, cfg.model)
+    dims = ParallelDims.resolve(cfg.parallel, 2, cfg.model)
+    assert dims.shape == (1, 2, 1) and (dims.dp, dims.fsdp_enabled, dims.tp_enabled) == (2, True, False)
     tp = dataclasses.replace(cfg.parallel, tp=3, dp_shard=-1)
     with pytest.raises(ConfigError, match="parallel.tp"):
-        resolve_mesh(tp, 3, 4, 4)
+        ParallelDims.resolve(tp, 3, cfg.model)
     cfg = load_config("tiny", ["train.global_batch_size=10", "train.batch_size=4"])
     with pytest.raises(ConfigError, match="global_batch_size"):
         check_job(cfg, 2)

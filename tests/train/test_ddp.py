@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from testlib import spawn
 from train.config import load_config
-from train.dist import DistInfo
+from train.distributed import DistInfo
 from train.models.llama import Transformer
 from train.parallel import parallelize
 

@@ -215,7 +215,7 @@ MODES = {
 
 
 def _trajectories(rank, world, strategies, result_file):
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     loss_mod.COMPILE_BACKEND = "aot_eager"  # a spawned process: the fixture does not reach it

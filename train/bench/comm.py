@@ -262,7 +262,7 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
         rows, p2p_rows, ref = _run(info, args["ops"], args["dtypes"], args["sizes"], warmup, iters, max_seconds,
                                    args["p2p_bytes"] if p2p else 0, raw)
     finally:
-        from train import dist as tdist
+        from train import distributed as tdist
 
         tdist.shutdown()
     if info.is_main:
@@ -314,7 +314,7 @@ def _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iter
 
 
 def _init(backend: str, emulate_link):
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.comm.links import emulate_link as apply_link
     from train.console import fail
 
@@ -326,7 +326,7 @@ def _init(backend: str, emulate_link):
 
 
 def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> None:
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.bench.latency import latency_rows, write_latency
     from train.bench.report import environment_meta
 

@@ -148,7 +148,7 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     base = _base_overrides(preset, steps, batch, seq, start_iter, measure, overrides)
     jobs = _variant_jobs(specs, preset, config_path, base, world, steps, loss_window)
 
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.comm.links import emulate_link as apply_link
 
     setup()
@@ -252,7 +252,7 @@ def _relative_to_none(rows: list[dict]) -> None:
 
 
 def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int) -> dict:
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.metrics import read_metrics
     from train.trainer import Trainer
 

@@ -291,7 +291,7 @@ def run_point(point: dict, info) -> dict:
         row["tokens_per_s"] = tokens / step_s
         row["tokens_per_s_per_gpu"] = tokens / step_s / info.world_size
         peak = trainer.metrics.peak_tflops
-        row["mfu"] = row["tokens_per_s_per_gpu"] * trainer.flops_per_token / (peak * 1e12) if peak else None
+        row["mfu"] = trainer.metrics.mfu(row["tokens_per_s_per_gpu"]) if peak else None
         if cuda:
             peak_mem, act = _reduce_max([torch.cuda.max_memory_allocated(info.device), memory.delta], info)
             row["peak_mem_gib"], row["act_mem_gib"] = peak_mem / 2**30, act / 2**30
@@ -369,7 +369,7 @@ def load_plan(path: Path, defaults: dict) -> list[dict]:
 def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, data, overrides, plan, device,
              timeout_s, out_dir, name) -> None:
     """Step throughput, MFU and memory over a grid of strategy x FP8 x AC x compile x model x batch."""
-    from train import dist as tdist
+    from train import distributed as tdist
     from train.bench.report import check_report, environment_meta, write_report
 
     out_dir = check_report(out_dir, name)

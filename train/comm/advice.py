@@ -50,13 +50,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from train.hardware import peak_bf16_tflops
+
 OVERLAP = 0.5  # fraction of the step's compute that hides the gradient all-reduce
 LOCALSGD_PERIOD = 4
 POWERSGD_RANK = 4
 POWERSGD_RATIO = 165.0  # bytes(uncompressed) / bytes(PowerSGD r=4), 350m (docs/communication.md)
 COMPUTE_OVERHEAD = 0.3  # PowerSGD compression compute / step compute: a bound, measured values above
 
-REF_TFLOPS = 0.4 * 989.0  # achieved per GPU: H100/H200 bf16 dense peak at MFU 0.4
+REF_TFLOPS = 0.4 * peak_bf16_tflops("H100 SXM")  # achieved per GPU: H100/H200 bf16 dense peak (989) at MFU 0.4
 REF_TOKENS = 8192  # tokens per GPU per step (batch 4 x 2048)
 
 RHO_LOCALSGD = OVERLAP * LOCALSGD_PERIOD / (LOCALSGD_PERIOD - 1)
@@ -122,12 +124,12 @@ def apply_to_config(path, advice: Advice) -> None:
     """Write the recommended ``comm.*`` keys into the YAML config ``path`` (created if
     missing; other keys kept). Validated through ``load_config`` before anything is
     written; written atomically."""
-    import os
     from pathlib import Path
 
     import yaml
 
-    from train.config import load_config
+    from launch.safety import atomic_write
+    from train.config import build_config
     from train.errors import ConfigError
 
     path = Path(path)
@@ -144,11 +146,9 @@ def apply_to_config(path, advice: Advice) -> None:
         key, _, value = o.partition("=")
         comm[key.split(".", 1)[1]] = yaml.safe_load(value)
     data["comm"] = comm
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    text = yaml.safe_dump(data, sort_keys=False)
     try:
-        load_config(str(tmp))
+        build_config(yaml.safe_load(text))  # what load_config would make of the written file
     except ConfigError as exc:
-        tmp.unlink()
         raise ConfigError(f"--apply {path}: the result would not load: {exc}") from None
-    os.replace(tmp, path)
+    atomic_write(path, text, what=f"--apply {path}")

@@ -87,18 +87,9 @@ class _BucketBuffers:
         return self.send[self.numel_u:]
 
 
-def powersgd_hook(state: State, bucket) -> torch.futures.Future:
-    """torch's PowerSGD algorithm without the per-bucket synchronize, in two collectives
-    per bucket (module docstring). Same state object and semantics as ``powerSGD_hook``."""
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    world = group.size()
-    buf = bucket.buffer()
-    if state.iter < state.start_powerSGD_iter:
-        state.maybe_increase_iter(bucket)
-        return default_hooks._allreduce_fut(group, buf)
-
-    device, dtype, index = buf.device, buf.dtype, bucket.index()
-    eps = max(state.orthogonalization_epsilon, 1e-8)  # a zero gradient column must not give NaN
+def _split_bucket(state: State, bucket) -> tuple[list, list, list]:
+    """The bucket's gradients as (matrices to compress, tensors sent as they are, (n, m, r)
+    per compressed matrix); counts the elements before/after compression as torch does."""
     compress, plain, shapes = [], [], []
     for grad in bucket.gradients():
         matrix = grad.view(grad.shape[0], -1)
@@ -113,25 +104,23 @@ def powersgd_hook(state: State, bucket) -> torch.futures.Future:
         else:
             plain.append(grad)
             state.total_numel_after_compression += before
+    return compress, plain, shapes
+
+
+def _bucket_buffers(state: State, index: int, buf: torch.Tensor, plain: list, shapes: list) -> _BucketBuffers:
+    """The bucket's persistent buffers (re-made when its layout changed)."""
     numel_u = sum(t.numel() for t in plain)
     numel_p = sum(n * r for n, _, r in shapes)
     numel_q = sum(m * r for _, m, r in shapes)
-
-    buffers = state.buffers
-    bb = buffers.get(index)
+    bb = state.buffers.get(index)
     if bb is None or bb.copy.numel() != buf.numel() or bb.q.numel() != numel_q or bb.numel_u != numel_u:
-        bb = buffers[index] = _BucketBuffers(numel_u, numel_p, numel_q, buf.numel(), device, dtype)
+        bb = state.buffers[index] = _BucketBuffers(numel_u, numel_p, numel_q, buf.numel(), buf.device, buf.dtype)
+    return bb
 
-    # error feedback: acc = grad + error; bb.copy keeps acc until the error is known
-    if state.use_error_feedback:
-        err = state.error_dict.get(index)
-        if err is None:
-            state.error_dict[index] = torch.zeros_like(buf)
-        else:
-            buf.add_(err)
-        bb.copy.copy_(buf)
 
-    # warm start: P/Q memories live in our buffers (restored checkpoints are copied in)
+def _low_rank_factors(state: State, index: int, bb: _BucketBuffers, shapes: list, eps: float):
+    """Views of P and Q per matrix in the bucket's buffers; Q warm-started from its memory
+    (restored checkpoints are copied in) or freshly seeded as torch seeds it, orthogonalised."""
     fresh = not state.warm_start or index not in state.q_memory_dict
     if not fresh and state.q_memory_dict[index] is not bb.q:
         bb.q.copy_(state.q_memory_dict[index])
@@ -145,9 +134,38 @@ def powersgd_hook(state: State, bucket) -> torch.futures.Future:
         with torch.random.fork_rng(devices=[]):  # torch's seeding: same Q on every rank
             torch.manual_seed(state.rng.randint(1_000_000_000))
             for q in qs:
-                q.copy_(torch.randn(*q.shape, device="cpu", dtype=dtype))
+                q.copy_(torch.randn(*q.shape, device="cpu", dtype=bb.q.dtype))
     for q in qs:
         _orthogonalize_gram_schmidt(q, eps)
+    return ps, qs
+
+
+def powersgd_hook(state: State, bucket) -> torch.futures.Future:
+    """torch's PowerSGD algorithm without the per-bucket synchronize, in two collectives
+    per bucket (module docstring). Same state object and semantics as ``powerSGD_hook``."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world = group.size()
+    buf = bucket.buffer()
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return default_hooks._allreduce_fut(group, buf)
+
+    index = bucket.index()
+    eps = max(state.orthogonalization_epsilon, 1e-8)  # a zero gradient column must not give NaN
+    compress, plain, shapes = _split_bucket(state, bucket)
+    bb = _bucket_buffers(state, index, buf, plain, shapes)
+    numel_u = bb.numel_u
+
+    # error feedback: acc = grad + error; bb.copy keeps acc until the error is known
+    if state.use_error_feedback:
+        err = state.error_dict.get(index)
+        if err is None:
+            state.error_dict[index] = torch.zeros_like(buf)
+        else:
+            buf.add_(err)
+        bb.copy.copy_(buf)
+
+    ps, qs = _low_rank_factors(state, index, bb, shapes, eps)
     mats = [t.unsqueeze(0) for t in compress]
     for mat, q, p in zip(mats, qs, ps):
         torch.bmm(mat, q, out=p)

@@ -51,7 +51,7 @@ def measure_step_peak(preset: str, seq: int, batch: int, ac: str = "none", steps
     import torch
 
     from train.config import load_config
-    from train.dist import DistInfo
+    from train.distributed import DistInfo
     from train.trainer import Trainer
 
     device = torch.device("cuda", device_index)

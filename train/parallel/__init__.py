@@ -8,40 +8,29 @@ to run after each optimizer step, extra checkpoint state).
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
 
 from torch import nn
 
+from train.parallel.bundle import Parallelized, clip_grad_norm
+from train.parallel.dims import ParallelDims
 
-@dataclass
-class Parallelized:
-    model: nn.Module  # what forward() is called on (DDP wrapper, FSDP module...)
-    inner: nn.Module  # the bare Transformer (for state-dict FQNs and init)
-    dp_rank: int = 0
-    dp_world: int = 1
-    mesh: Any = None
-    no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    after_optimizer_step: list[Callable[[], None]] = field(default_factory=list)
-    extra_state: dict[str, Any] = field(default_factory=dict)  # name -> object with state_dict/load_state_dict
-    # called once per step after it finished (synchronised); each returns metrics-row fields
-    step_metrics: list[Callable[[], dict]] = field(default_factory=list)
-    # entered around the model's forward only (e.g. Transformer Engine's FP8 autocast)
-    forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    # entered around loss computation + backward (e.g. loss_parallel() for vocab-sharded logits)
-    loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+__all__ = ["ParallelDims", "Parallelized", "clip_grad_norm", "parallelize"]
 
 
-def parallelize(model: nn.Module, job, info, materialize: Callable[[nn.Module], None]) -> Parallelized:
+def parallelize(model: nn.Module, job, info, materialize: Callable[[nn.Module], None],
+                dims: ParallelDims | None = None) -> Parallelized:
     """``materialize(model)`` allocates real storage and initialises weights; each
-    strategy calls it at the right moment (before DDP wraps, after FSDP shards)."""
+    strategy calls it at the right moment (before DDP wraps, after FSDP shards).
+    ``dims``: the run's resolved dims (made from ``job`` and ``info`` when not given)."""
     from train.parallel import ddp, fsdp
     from train.parallel.ac import apply_ac
     from train.parallel.compile import apply_compile
     from train.precision.fp8 import attach_float8
 
-    if info.backend is None or job.parallel.strategy == "ddp":
+    if dims is None:
+        dims = ParallelDims.from_job(job, info.world_size)
+    if info.backend is None or not dims.fsdp_enabled:
         # One process (nothing to wrap) or DDP: checkpointing and compile go on the bare
         # blocks first. FSDP applies them itself, after TP and before sharding.
         apply_ac(model, job.parallel)
@@ -50,11 +39,7 @@ def parallelize(model: nn.Module, job, info, materialize: Callable[[nn.Module], 
         materialize(model)
         par = Parallelized(model=model, inner=model)
     else:
-        strategies = {"ddp": ddp.apply_ddp, "fsdp": fsdp.apply_fsdp}
-        try:
-            apply = strategies[job.parallel.strategy]
-        except KeyError:
-            raise NotImplementedError(f"parallel.strategy={job.parallel.strategy} is not available in this build") from None
-        par = apply(model, job, info, materialize)
+        apply = fsdp.apply_fsdp if dims.fsdp_enabled else ddp.apply_ddp
+        par = apply(model, job, info, materialize, dims)
     attach_float8(par, job.fp8)
     return par

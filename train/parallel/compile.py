@@ -17,6 +17,8 @@ from pathlib import Path
 
 from torch import nn
 
+from train.paths import default_cache_dir
+
 
 def _torch_default_cache_dir() -> str | None:
     """Inductor's own default (``/tmp/torchinductor_$USER``). Inductor writes it into
@@ -31,8 +33,6 @@ def _torch_default_cache_dir() -> str | None:
 
 def inductor_cache_dir() -> Path:
     """Set ``TORCHINDUCTOR_CACHE_DIR`` if the user has not, and return it."""
-    from train.data import default_cache_dir
-
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not current or os.path.abspath(current) == _torch_default_cache_dir():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_cache_dir() / "inductor")

@@ -80,55 +80,12 @@ class ParallelConfig:
             raise ConfigError(f"parallel.compile_backend: must be inductor or aot_eager, got {self.compile_backend!r}")
 
 
-def resolve_mesh(cfg: ParallelConfig, world_size: int, n_heads: int, n_kv_heads: int) -> tuple[int, int, int]:
-    """(dp_replicate, dp_shard, tp) for ``world_size`` ranks, or a ConfigError naming the
-    culprit. Pure arithmetic: called before any process group or tensor exists."""
+def check_offload_device(job) -> None:
+    """parallel.cpu_offload on a machine without a GPU (the layout rules are in
+    :meth:`train.parallel.dims.ParallelDims.from_job`)."""
     from train.errors import ConfigError
 
-    dims = {"dp_replicate": cfg.dp_replicate, "dp_shard": cfg.dp_shard, "tp": cfg.tp}
-    if cfg.strategy == "ddp":
-        if cfg.dp_shard not in (1, -1) or cfg.tp != 1:
-            raise ConfigError("parallel.strategy=ddp: dp_shard and tp must be 1 (use strategy=fsdp for sharding/TP)")
-        dims = {"dp_replicate": -1, "dp_shard": 1, "tp": 1}
-    elif cfg.dp_replicate == -1 and cfg.dp_shard == 1:
-        # strategy=fsdp with the mesh left at its defaults: shard, do not replicate.
-        dims = {"dp_replicate": 1, "dp_shard": -1, "tp": cfg.tp}
-    auto = [k for k, v in dims.items() if v == -1]
-    if len(auto) > 1:
-        raise ConfigError(f"parallel: only one of {', '.join(auto)} may be -1 (auto)")
-    fixed = 1
-    for k, v in dims.items():
-        if v != -1:
-            fixed *= v
-    if auto:
-        if world_size % fixed:
-            raise ConfigError(f"parallel: world size {world_size} is not divisible by the fixed mesh dims ({fixed})")
-        dims[auto[0]] = world_size // fixed
-    product = dims["dp_replicate"] * dims["dp_shard"] * dims["tp"]
-    if product != world_size:
-        raise ConfigError(
-            f"parallel: mesh dp_replicate={dims['dp_replicate']} x dp_shard={dims['dp_shard']} x tp={dims['tp']}"
-            f" = {product} does not match world size {world_size}"
-        )
-    tp = dims["tp"]
-    if n_heads % tp or n_kv_heads % tp:
-        raise ConfigError(f"parallel.tp: {tp} does not divide model.n_heads={n_heads} and n_kv_heads={n_kv_heads}")
-    return dims["dp_replicate"], dims["dp_shard"], tp
-
-
-def check_parallel(job, world_size: int) -> None:
-    """Preflight checks of the parallel section that need the model or the precision."""
-    from train.errors import ConfigError
-
-    pcfg = job.parallel
-    _, dp_shard, tp = resolve_mesh(pcfg, world_size, job.model.n_heads, job.model.kv_heads)
-    if tp > 1 and job.model.hidden_dim % tp:
-        raise ConfigError(f"parallel.tp: {tp} does not divide the MLP hidden size {job.model.hidden_dim}")
-    if pcfg.strategy == "fsdp" and job.train.precision == "fp16":
-        raise ConfigError("train.precision: fp16 is not supported with parallel.strategy=fsdp (use bf16)")
-    if pcfg.cpu_offload and tp > 1:
-        raise ConfigError("parallel.cpu_offload: not supported together with parallel.tp > 1")
-    if pcfg.cpu_offload and (job.train.device == "cpu" or not _cuda_available()):
+    if job.parallel.cpu_offload and (job.train.device == "cpu" or not _cuda_available()):
         raise ConfigError("parallel.cpu_offload: offloads GPU memory to the host; it needs train.device=cuda")
 
 

@@ -7,6 +7,7 @@ import inspect
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from train.comm.hooks import register_comm_hook
+from train.parallel.bundle import Parallelized
 
 
 def _bucket_kwargs(pcfg) -> dict:
@@ -20,9 +21,8 @@ def _bucket_kwargs(pcfg) -> dict:
     return {"bucket_cap_mb_list": [pcfg.first_bucket_mb, pcfg.bucket_cap_mb]}
 
 
-def apply_ddp(model, job, info, materialize):
-    from train.parallel import Parallelized
-
+def apply_ddp(model, job, info, materialize, dims=None):
+    """``dims`` is accepted for a uniform strategy signature; DDP replicates over every rank."""
     materialize(model)
     pcfg = job.parallel
     kwargs = dict(

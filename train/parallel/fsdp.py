@@ -38,9 +38,12 @@ from torch.distributed.fsdp import (
 )
 
 from train.parallel.ac import apply_ac
+from train.parallel.bundle import Parallelized, clip_grad_norm
 from train.parallel.compile import apply_compile
+from train.parallel.dims import ParallelDims
 from train.parallel.mesh import build_mesh
 from train.parallel.tp import apply_tp
+from train.precision.amp import resolve_precision
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -98,15 +101,11 @@ def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str) -> None:
     _set_prefetch(model, blocks, pcfg.fsdp_prefetch)
 
 
-def apply_fsdp(model: nn.Module, job, info, materialize):
-    from train.parallel import Parallelized
-    from train.precision.amp import resolve_precision
-
+def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims):
+    """Shard ``model`` over ``dims`` (fp16 with FSDP is refused by :meth:`ParallelDims.from_job`)."""
     pcfg = job.parallel
     precision = resolve_precision(job.train.precision, info.device)
-    if precision == "fp16":
-        raise ValueError("parallel.strategy=fsdp: train.precision=fp16 is not supported (use bf16)")
-    mesh = build_mesh(pcfg, info.world_size, job.model, info.device.type)
+    mesh = build_mesh(dims, info.device.type)
     if mesh.tp > 1:
         apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel)
     apply_ac(model, pcfg)
@@ -121,6 +120,8 @@ def apply_fsdp(model: nn.Module, job, info, materialize):
         model=model, inner=model, dp_rank=mesh.dp_rank, dp_world=mesh.dp_world, mesh=mesh,
         no_sync=lambda: _no_sync(model),
     )
+    if pcfg.cpu_offload:
+        par.clip_grad_norm = clip_offloaded_grad_norm
     if mesh.tp > 1 and pcfg.loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel
 
@@ -138,6 +139,14 @@ def _materialize_offloaded(model: nn.Module, seed: int, device: torch.device) ->
 
 
 # ----------------------------------------------------------------------------- CPU offload
+def clip_offloaded_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """The gradient norm for FSDP CPU offload: NCCL cannot reduce host-resident grads."""
+    params = list(params)
+    if host_sharded_grads(params):
+        return clip_host_sharded_grads_(params, max_norm)
+    return clip_grad_norm(params, max_norm)
+
+
 def host_sharded_grads(params) -> bool:
     """True when gradients are DTensors held in host memory on an accelerator mesh (FSDP
     CPU offload): torch's clip_grad_norm_ would all-reduce CPU tensors over NCCL and fail

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from train.parallel.config import resolve_mesh
+from train.parallel.dims import ParallelDims
 
 DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
 
@@ -25,13 +25,23 @@ DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
 @dataclass
 class Mesh:
     world: DeviceMesh
-    dp_replicate: int
-    dp_shard: int
-    tp: int
+    dims: ParallelDims
+
+    @property
+    def dp_replicate(self) -> int:
+        return self.dims.dp_replicate
+
+    @property
+    def dp_shard(self) -> int:
+        return self.dims.dp_shard
+
+    @property
+    def tp(self) -> int:
+        return self.dims.tp
 
     @property
     def dp_world(self) -> int:
-        return self.dp_replicate * self.dp_shard
+        return self.dims.dp
 
     @property
     def dp_rank(self) -> int:
@@ -49,7 +59,7 @@ class Mesh:
         return self.world["tp"]
 
     def describe(self) -> str:
-        return f"dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp}"
+        return self.dims.describe()
 
 
 # (default process group, device type, dims) -> DeviceMesh. A mesh (and its communicators)
@@ -58,14 +68,13 @@ class Mesh:
 _MESHES: dict[tuple, DeviceMesh] = {}
 
 
-def build_mesh(pcfg, world_size: int, model_cfg, device_type: str) -> Mesh:
+def build_mesh(dims: ParallelDims, device_type: str) -> Mesh:
     import torch.distributed as dist
 
-    dims = resolve_mesh(pcfg, world_size, model_cfg.n_heads, model_cfg.kv_heads)
-    key = (dist.group.WORLD, device_type, dims)
+    key = (dist.group.WORLD, device_type, dims.shape)
     if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(device_type, dims, mesh_dim_names=DIM_NAMES)
-    return Mesh(_MESHES[key], *dims)
+        _MESHES[key] = init_device_mesh(device_type, dims.shape, mesh_dim_names=DIM_NAMES)
+    return Mesh(_MESHES[key], dims)
 
 
 def forget_meshes() -> None:

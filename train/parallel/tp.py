@@ -57,16 +57,9 @@ def _prepare_input(consumers: list[nn.Module], **kwargs):
     return PrepareModuleInput(**kwargs)
 
 
-def _check_divisible(model: nn.Module, tp: int) -> None:
-    cfg = model.cfg
-    if cfg.hidden_dim % tp:
-        raise ValueError(f"parallel.tp: {tp} does not divide the MLP hidden size {cfg.hidden_dim}")
-
-
 def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False) -> None:
-    """Parallelize ``model`` (a Transformer, possibly on the meta device) in place."""
-    tp = tp_mesh.size()
-    _check_divisible(model, tp)
+    """Parallelize ``model`` (a Transformer, possibly on the meta device) in place. That
+    the TP degree divides heads and MLP is checked by :class:`~train.parallel.dims.ParallelDims`."""
     sp = sequence_parallel
     residual = Shard(1) if sp else Replicate()
 

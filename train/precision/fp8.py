@@ -18,18 +18,13 @@ import os
 
 import torch
 
+from train.hardware import sm_name
+
 PACKAGES = {"torchao": "torchao", "te": "transformer_engine"}
 INSTALL_HINT = {
     "torchao": "pip install 'torchao>=0.17' (or the project's [fp8] extra)",
     "te": "pip install 'transformer-engine[pytorch]>=2.9' (or use an NGC PyTorch container)",
 }
-GPU_NAMES = {(8, 0): "A100", (8, 6): "Ampere", (8, 9): "Ada", (9, 0): "Hopper", (10, 0): "Blackwell B200/GB200",
-             (12, 0): "RTX Pro 6000 Blackwell"}
-
-
-def _sm(cap: tuple[int, int]) -> str:
-    name = GPU_NAMES.get(cap)
-    return f"sm_{cap[0]}{cap[1]}" + (f" ({name})" if name else "")
 
 
 def torch_supports_torchao_mxfp8() -> bool:
@@ -57,14 +52,14 @@ def float8_problem(cfg, capability: tuple[int, int] | None, installed: bool, tp:
         return f"{what}: FP8 training needs an NVIDIA GPU with compute capability >= 8.9; this process has no GPU (device cpu)"
     if capability < (8, 9):
         return (f"{what}: FP8 training needs compute capability >= 8.9 (Ada, Hopper, Blackwell); "
-                f"this GPU is {_sm(capability)}: use fp8.backend=none with bf16")
+                f"this GPU is {sm_name(capability)}: use fp8.backend=none with bf16")
     if recipe == "mxfp8" and capability[0] != 10:
         extra = "; TE's MXFP8 does not run on sm_120, use fp8.recipe=current" if capability[0] == 12 else ""
         alt = "tensorwise or rowwise" if backend == "torchao" else "current or delayed"
-        return (f"{what}: MXFP8 needs a sm_100 GPU (B200/GB200); this GPU is {_sm(capability)}{extra} "
+        return (f"{what}: MXFP8 needs a sm_100 GPU (B200/GB200); this GPU is {sm_name(capability)}{extra} "
                 f"(per-tensor FP8 recipes: {alt})")
     if backend == "torchao" and recipe.startswith("rowwise") and capability < (9, 0):
-        return f"{what}: row-wise scaled FP8 matmuls need sm_90 or newer; this GPU is {_sm(capability)} (use tensorwise)"
+        return f"{what}: row-wise scaled FP8 matmuls need sm_90 or newer; this GPU is {sm_name(capability)} (use tensorwise)"
     if not installed:
         return f"{what}: the {PACKAGES[backend]} package is not installed: {INSTALL_HINT[backend]}"
     if backend == "torchao" and recipe == "mxfp8" and not mx_supported:
@@ -87,15 +82,15 @@ def _local_capability(device_pref: str) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(index)
 
 
-def check_float8(job, world_size: int) -> None:
-    """Preflight (no process group yet): raise ConfigError when FP8 cannot run here."""
+def check_float8(job, dims) -> None:
+    """Preflight (no process group yet): raise ConfigError when FP8 cannot run here.
+    ``dims``: the run's :class:`~train.parallel.dims.ParallelDims`."""
     from train.errors import ConfigError
-    from train.parallel.config import resolve_mesh
 
     cfg = job.fp8
     if cfg.backend == "none":
         return
-    _, _, tp = resolve_mesh(job.parallel, world_size, job.model.n_heads, job.model.kv_heads)
+    tp = dims.tp
     installed = importlib.util.find_spec(PACKAGES[cfg.backend]) is not None
     problem = float8_problem(cfg, _local_capability(job.train.device), installed, tp, job.parallel.compile,
                              torch_supports_torchao_mxfp8(), job.parallel.ac)
@@ -103,23 +98,16 @@ def check_float8(job, world_size: int) -> None:
         raise ConfigError(problem)
 
 
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def apply_float8(model, cfg, device, parallel_cfg, emulate: bool = False):
-    """Swap the block linears of ``model`` (meta device is fine) for FP8 ones."""
+def apply_float8(model, cfg, device, dims, emulate: bool = False):
+    """Swap the block linears of ``model`` (meta device is fine) for FP8 ones. ``dims``:
+    the run's :class:`~train.parallel.dims.ParallelDims` (TP degree, FSDP sharding)."""
     if cfg.backend == "none":
         return model
-    world = _world_size()
     if cfg.backend == "torchao":
-        from train.parallel.config import resolve_mesh
         from train.precision import fp8_torchao
 
-        _, dp_shard, tp = resolve_mesh(parallel_cfg, world, model.cfg.n_heads, model.cfg.kv_heads)
-        all_gather = cfg.fsdp_float8_all_gather and parallel_cfg.strategy == "fsdp" and dp_shard > 1
-        return fp8_torchao.convert(model, cfg.resolved_recipe, tp, all_gather, emulate=emulate)
+        all_gather = cfg.fsdp_float8_all_gather and dims.fsdp_enabled and dims.dp_shard_enabled
+        return fp8_torchao.convert(model, cfg.resolved_recipe, dims.tp, all_gather, emulate=emulate)
     if cfg.backend == "te":
         from train.precision import fp8_te
 

@@ -1,5 +1,5 @@
 """Process-group setup from torchrun's environment (or a single process without it), and
-the failure paths of a distributed job: collective timeouts, dead peers, SIGTERM.
+the failure paths of collectives: timeouts and dead peers.
 
 * ``init_distributed`` bounds every collective by ``timeout_s``: a rank that stops
   answering ends the job with an error instead of a hang.
@@ -9,28 +9,26 @@ the failure paths of a distributed job: collective timeouts, dead peers, SIGTERM
   step. On NCCL the watchdog (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) ends the process
   itself and logs the op type and sequence number; with the flight recorder enabled
   (``TORCH_FR_BUFFER_SIZE``) it also dumps the last collectives of every rank.
-* ``Preemption`` turns SIGTERM into "finish this step, checkpoint, exit 0" and makes
-  sure the process is gone within the grace period even if a collective never returns.
+
+SIGTERM/SIGINT handling (graceful stop) lives in :mod:`train.preemption`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import re
-import signal
-import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from train.console import rank_prefix
-from train.errors import CollectiveError
+from train.errors import CollectiveError, ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,8 +89,6 @@ def env_int(name: str, default: int) -> int:
         return default
     value = int(raw) if re.fullmatch(r"[0-9]{1,9}", raw) else -1  # ASCII digits only
     if value < 0:
-        from train.errors import ConfigError
-
         raise ConfigError(f"environment {name}={raw!r}: expected an integer >= 0 (torchrun sets it)")
     return value
 
@@ -142,7 +138,7 @@ def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
     hazard = shared_store_hazard()
     restart = env_int("TORCHELASTIC_RESTART_COUNT", 0)
     if hazard and restart == 0 and env_int("RANK", 0) == 0:
-        print(f"[train] warning: {hazard}", file=sys.stderr, flush=True)
+        log.warning("%s", hazard)
     try:
         dist.init_process_group(
             backend=backend,
@@ -247,127 +243,6 @@ def collective_failure(exc: BaseException, info: DistInfo, timeout_s: int, step:
             f"collective {op} failed on rank {info.rank} (step {step}): a peer rank is gone ({detail})"
         )
     return None
-
-
-# ----------------------------------------------------------------------------- preemption
-
-
-
-def torchrun_kill_after_s() -> int | None:
-    """Seconds torchrun waits after forwarding SIGTERM before it SIGKILLs the workers,
-    when a worker can know it: 30 on torch without ``--shutdown-timeout`` (2.11 has
-    none), ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` on newer torch; None outside torchrun or
-    when only torchrun's command line knows."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return None
-    try:
-        import inspect
-
-        from torch.distributed.launcher.api import LaunchConfig
-
-        configurable = "shutdown_timeout" in inspect.signature(LaunchConfig).parameters
-    except Exception:  # noqa: BLE001 - unknown torch layout: say nothing
-        return None
-    if not configurable:
-        return 30
-    raw = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
-    try:
-        return int(raw) if raw else None
-    except ValueError:
-        return None
-
-
-_active_preemption: Preemption | None = None
-_watcher_started = False
-
-
-def _watch_wakeup_fd(read_fd: int) -> None:
-    while True:
-        try:
-            data = os.read(read_fd, 64)
-        except OSError:
-            return
-        if not data:
-            return
-        for signum in PREEMPT_SIGNALS:
-            if signum in data and _active_preemption is not None:
-                _active_preemption._trip(signum)
-
-
-# SIGINT (Ctrl-C, or torchrun/srun forwarding it) is handled exactly like SIGTERM: a
-# KeyboardInterrupt in the middle of a step would lose the step and print a traceback.
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class Preemption:
-    """SIGTERM or SIGINT (Kubernetes eviction, Slurm ``--signal``, torchrun forwarding its
-    own SIGTERM, Ctrl-C) sets a flag; the loop finishes the current step, every rank agrees to stop
-    (the per-step all_reduce), writes a checkpoint and exits 0.
-
-    Python runs signal handlers in the main thread between bytecodes, so a main thread
-    stuck in a collective would never notice the signal. The interpreter's C-level
-    handler also writes the signal number to the wakeup fd: a watcher thread reads it at
-    once and arms a timer. If the process is still alive ``grace_s`` later it exits on
-    its own: 0 when the checkpoint was written (e.g. stuck tearing down the process
-    group), 1 when not (the previous complete checkpoint stays the latest).
-
-    One watcher per process; the most recently installed instance receives the signal."""
-
-    def __init__(self, grace_s: float) -> None:
-        self.grace_s = grace_s
-        self.requested = False
-        self.at = 0.0
-        self.checkpointed = False
-        self._lock = threading.Lock()
-
-    def install(self) -> None:
-        global _active_preemption, _watcher_started
-        if threading.current_thread() is not threading.main_thread():
-            return
-        _active_preemption = self
-        for signum in PREEMPT_SIGNALS:
-            signal.signal(signum, self._handler)
-        kill_after = torchrun_kill_after_s()
-        if kill_after is not None and self.grace_s >= kill_after and os.environ.get("RANK", "0") == "0":
-            print(f"[train] warning: torchrun SIGKILLs the workers {kill_after}s after it forwards SIGTERM, before "
-                  f"train.shutdown_grace_s={self.grace_s:g}s runs out: a preemption checkpoint must finish within "
-                  f"{kill_after}s (raise TORCH_ELASTIC_SHUTDOWN_TIMEOUT where torch supports it)",
-                  file=sys.stderr, flush=True)
-        if not _watcher_started:
-            read_fd, write_fd = os.pipe()
-            os.set_blocking(write_fd, False)
-            signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-            threading.Thread(target=_watch_wakeup_fd, args=(read_fd,), name="sigterm-watch", daemon=True).start()
-            _watcher_started = True
-
-    def _handler(self, signum, frame) -> None:  # noqa: ARG002
-        self._trip(signum)
-
-    def _trip(self, signum: int = signal.SIGTERM) -> None:
-        name = signal.Signals(signum).name
-        with self._lock:
-            if self.requested:
-                return
-            self.requested = True
-            self.at = time.monotonic()
-        print(f"{rank_prefix()}[train] {name} received; checkpointing after this step "
-              f"(exit within train.shutdown_grace_s={self.grace_s:g}s)", file=sys.stderr, flush=True)
-        threading.Thread(target=self._expire, name="sigterm-grace", daemon=True).start()
-
-    def _expire(self) -> None:
-        time.sleep(self.grace_s)
-        if self.checkpointed:
-            print(f"{rank_prefix()}[train] checkpoint written; still not exited {self.grace_s:g}s after SIGTERM, "
-                  "forcing exit", file=sys.stderr, flush=True)
-            code = 0
-        else:
-            where = f" (waiting in {_current_op})" if _current_op else ""
-            print(f"{rank_prefix()}error: SIGTERM: no checkpoint within train.shutdown_grace_s={self.grace_s:g}s"
-                  f"{where}; exiting without one, the previous complete checkpoint is kept",
-                  file=sys.stderr, flush=True)
-            code = 1
-        sys.stdout.flush()
-        os._exit(code)
 
 
 def first_error(info: DistInfo, err: str | None) -> str | None:
