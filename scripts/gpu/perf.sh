@@ -148,7 +148,9 @@ part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
   (ours 1 1 1b_bf16 280 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
-   ours 1 1 1b_fp8 220 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}") &
+   ours 1 1 1b_fp8 220 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
+   ours 1 1 1b_bf16_chunk8k 200 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" \
+     --set train.loss=chunked --set train.loss_chunk_tokens=8192) &
   wait
   titan 0,1 2 1b_fsdp2 200 "${P1B[@]}" --fp8 none
   ours 0,1 2 1b_fsdp2 200 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
