@@ -52,7 +52,7 @@ ours() {  # GPUS NPROC NAME LIMIT ARGS...: one `train bench step` launch
   shift 4
   # A fresh inductor cache per launch: the AOT-autograd/FX caches key on the traced graph,
   # not on the SDPA kernel flags, so a cached graph of another run could bring its kernel.
-  TORCHINDUCTOR_CACHE_DIR="$W/inductor-$name" CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" \
+  TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/$name" CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" \
     "${TRUN[@]}" --nproc-per-node "$nproc" "${STEP[@]}" \
     --name "$name" "$@" >"$W/$name.log" 2>&1 || note "$name failed (exit $?); see $name.log"
   note "$name done"
@@ -162,6 +162,9 @@ part_titan8b() {
   ours 0,1 2 8b_bf16 150 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}"
   titan 0,1 2 8b_fp8 130 "${P8B[@]}" --fp8 tensorwise
   ours 0,1 2 8b_fp8 130 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}"
+  local left=$((BUDGET_S - SECONDS))
+  if [ "$left" -lt 100 ]; then note "8b_fp8_rowwise skipped: ${left}s left of BUDGET_S=$BUDGET_S"; return; fi
+  ours 0,1 2 8b_fp8_rowwise "$((left < 150 ? left : 150))" --strategy fsdp --fp8 rowwise "${P8B[@]}" "${OURS[@]}"
 }
 
 part_rowwise() {
