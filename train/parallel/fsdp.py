@@ -1,7 +1,7 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``): FSDP, HSDP and FSDP + TP.
 
 Order of operations (torchtitan's): mesh -> TP -> activation checkpointing -> compile ->
-``fully_shard`` on every block, then on the root -> materialize. The model is still on
+``fully_shard`` on the embedding, every block and the output, then on the root -> materialize. The model is still on
 the meta device when it is sharded; ``materialize`` then allocates only this rank's
 shards (``to_empty``) and ``init_weights`` fills them from the same full tensors a
 single process would draw, so the values do not depend on the mesh (tested).
@@ -86,18 +86,30 @@ def _no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str) -> None:
-    """``fully_shard`` each block, then the root (embedding, final norm, output)."""
+def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str, output_unit: bool = True) -> None:
+    """``fully_shard`` the embedding, each block and the output projection as units of
+    their own, then the root (final norm; the output too when ``output_unit`` is False).
+
+    Own units free the embedding's gathered weight after its forward and reduce-scatter
+    the output projection's gradient as soon as its backward is done, instead of holding
+    both (gathered weights and full-size gradients) through the whole step in the root.
+    ``train.loss=chunked`` uses ``output.weight`` inside the root's forward without calling
+    ``output``: the output then stays in the root unit (``output_unit=False``)."""
     kwargs = {
         "mesh": fsdp_mesh,
         "mp_policy": mixed_precision_policy(pcfg, precision),
         "offload_policy": CPUOffloadPolicy() if pcfg.cpu_offload else OffloadPolicy(),
     }
+    reshard_all = pcfg.reshard_after_forward == "always"
+    if model.tok_embeddings is not None:
+        fully_shard(model.tok_embeddings, reshard_after_forward=pcfg.reshard_after_forward != "never", **kwargs)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=_reshard_policy(pcfg.reshard_after_forward, i, len(blocks)), **kwargs)
-    # The root's params (output projection) are needed right at the start of backward.
-    fully_shard(model, reshard_after_forward=pcfg.reshard_after_forward == "always", **kwargs)
+    # The output projection's params are needed right at the start of backward.
+    if output_unit and model.output is not None:
+        fully_shard(model.output, reshard_after_forward=reshard_all, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard_all, **kwargs)
     _set_prefetch(model, blocks, pcfg.fsdp_prefetch)
 
 
@@ -110,7 +122,7 @@ def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims):
         apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel)
     apply_ac(model, pcfg)
     apply_compile(model, pcfg)
-    shard_model(model, mesh.fsdp_mesh, pcfg, precision)
+    shard_model(model, mesh.fsdp_mesh, pcfg, precision, output_unit=job.train.loss != "chunked")
     if pcfg.cpu_offload:
         _materialize_offloaded(model, job.train.seed, info.device)
     else:
