@@ -18,8 +18,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 ENV = "NCCL_NET_PLUGIN"
 DEFAULT_NAME = "libnccl-net.so"
