@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 ENV = "NCCL_NET_PLUGIN"
 DEFAULT_NAME = "libnccl-net.so"
-# The net plugin struct versions NCCL has defined so far (ncclNet_v2_t ... ncclNet_v12_t).
-SYMBOL_VERSIONS = range(12, 1, -1)
+# Net plugin struct versions looked for, newest first (aws-ofi-nccl v1.21.1 exports v6 to v12).
+SYMBOL_VERSIONS = range(16, 1, -1)
 
 # Runs in the child: argv[1] is a JSON list of names to dlopen, in NCCL's order.
 _PROBE = r"""
