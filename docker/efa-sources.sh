@@ -16,7 +16,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${1:-$REPO/build/efa-src}
-# shellcheck source=docker/efa-versions.env
+# shellcheck source=/dev/null  # docker/efa-versions.env
 source "$REPO/docker/efa-versions.env"
 
 die() { printf 'efa-sources.sh: %s\n' "$*" >&2; exit 2; }

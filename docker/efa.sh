@@ -10,7 +10,7 @@
 #
 # Inputs (build args): LIBFABRIC_VERSION, AWS_OFI_NCCL_VERSION (tags, e.g. v2.5.1, v1.21.1),
 #   CUDA_HOME (default /usr/local/cuda). Without CUDA headers there (the CPU stand-in base),
-#   the headers of the CUDA 12.8 runtime and nvcc pip wheels are used for the build only:
+#   the headers of the CUDA 12.8 runtime, nvcc and NVML pip wheels are used for the build only:
 #   libfabric dlopens CUDA and the plugin loads libcudart at run time (--enable-cudart-dynamic).
 # Records the versions in /usr/local/share/hopper-train/efa.txt.
 set -euo pipefail
@@ -21,7 +21,7 @@ PLUGIN_PREFIX=/opt/amazon/ofi-nccl
 STATE=/usr/local/share/hopper-train
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 # build-only CUDA headers for bases without a CUDA toolkit (pip wheels, CUDA 12.8)
-CUDA_HEADER_WHEELS=(nvidia-cuda-runtime-cu12==12.8.90 nvidia-cuda-nvcc-cu12==12.8.93)
+CUDA_HEADER_WHEELS=(nvidia-cuda-runtime-cu12==12.8.90 nvidia-cuda-nvcc-cu12==12.8.93 nvidia-nvml-dev-cu12==12.8.90)
 BUILD_PACKAGES=(autoconf automake libtool make g++ pkg-config libibverbs-dev libhwloc-dev)
 JOBS=$(nproc)
 
@@ -51,8 +51,12 @@ cuda_headers() { # prints a directory with include/cuda.h for the build
     mkdir -p "$dir/include" /tmp/efa-build/wheels
     python3 -m pip download -q --no-deps "${pip_args[@]}" -d /tmp/efa-build/wheels "${CUDA_HEADER_WHEELS[@]}" >&2
     for w in /tmp/efa-build/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/efa-build/wheels/x >&2; done
-    cp -r /tmp/efa-build/wheels/x/nvidia/cuda_runtime/include/. /tmp/efa-build/wheels/x/nvidia/cuda_nvcc/include/crt \
-        "$dir/include/"
+    # cuda.h & co., crt/ (nvcc wheel), nvml.h (libfabric's CUDA support includes it); the
+    # plugin's configure links a test program against libcudart
+    for w in /tmp/efa-build/wheels/x/nvidia/*/include; do cp -r "$w"/. "$dir/include/"; done
+    mkdir -p "$dir/lib64"
+    cp /tmp/efa-build/wheels/x/nvidia/cuda_runtime/lib/libcudart.so.12 "$dir/lib64/"
+    ln -s libcudart.so.12 "$dir/lib64/libcudart.so"
     log "no CUDA toolkit in $CUDA_HOME: building against the headers of ${CUDA_HEADER_WHEELS[*]}" >&2
     echo "$dir"
 }

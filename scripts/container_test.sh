@@ -187,7 +187,7 @@ build_image() {
     version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO/pyproject.toml" | head -n 1)
     revision=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
     if ((EFA)); then
-        # shellcheck source=docker/efa-versions.env
+        # shellcheck source=/dev/null  # docker/efa-versions.env
         source "$REPO/docker/efa-versions.env"
         efa=(--build-arg "LIBFABRIC_VERSION=$LIBFABRIC_VERSION" --build-arg "AWS_OFI_NCCL_VERSION=$AWS_OFI_NCCL_VERSION"
             --build-context "efa_src=$WORK/efa-src")
@@ -263,7 +263,7 @@ step "pick CPU torch wheel" pick_torch
 step "stand-in base (debootstrap)" build_standin
 step "tag stand-in as the NGC base" tag_as_ngc
 if ((EFA)); then
-    step "EFA sources (libfabric, aws-ofi-nccl)" efa_sources
+    step "EFA sources" efa_sources
 fi
 step "podman build $TARGET" build_image
 step "smoke: CLIs, user, labels" smoke
