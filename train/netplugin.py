@@ -72,6 +72,11 @@ class NetPlugin:
     def usable(self) -> bool:
         return self.path is not None and self.symbol is not None
 
+    def as_dict(self) -> dict:
+        """For doctor's JSON report."""
+        return {"env": self.env, "tried": list(self.tried), "path": self.path, "symbol": self.symbol,
+                "usable": self.usable, "error": self.error, "line": self.line}
+
 
 def candidates(env_value: str | None) -> list[str]:
     """The names NCCL dlopens, in its order, for this NCCL_NET_PLUGIN value."""

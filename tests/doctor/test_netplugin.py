@@ -54,6 +54,8 @@ def test_default_name_found_through_ld_library_path(tmp_path):
     got = netplugin.probe(env_with(LD_LIBRARY_PATH=str(tmp_path)))
     assert got.usable and got.path == str(so.resolve()) and got.symbol == "ncclNetPlugin_v8"
     assert got.line == f"NCCL net plugin: {so.resolve()} (ncclNetPlugin_v8; NCCL_NET_PLUGIN unset)"
+    assert got.as_dict() == {"env": None, "tried": ["libnccl-net.so"], "path": str(so.resolve()),
+                             "symbol": "ncclNetPlugin_v8", "usable": True, "error": None, "line": got.line}
 
 
 def test_named_plugin_reports_the_newest_symbol_and_resolves_symlinks(tmp_path):
