@@ -1,7 +1,8 @@
 # Container image targets. Included from the top-level Makefile (`include docker/docker.mk`);
 # also usable alone from the repo root: make -f docker/docker.mk build-image TARGET=hopper
 #
-#   make build-image    TARGET=hopper|blackwell|hopper-cu128|blackwell-cu13 [BASE_IMAGE=...] [ENGINE=docker|podman]
+#   make build-image    TARGET=hopper|blackwell|hopper-cu128|blackwell-cu13|hopper-efa|blackwell-efa
+#                       [BASE_IMAGE=...] [ENGINE=docker|podman]
 #                       [PLATFORMS=linux/amd64,linux/arm64] [PIP_CA_BUNDLE=/path/ca.crt]
 #   make push           REGISTRY=registry.example.com/team [TARGET=...]
 #   make test-container TARGET=...   (pytest inside the image; GPU tests when nvidia-smi works)
@@ -12,8 +13,12 @@
 _DOCKER_MK_DEFAULT_GOAL := $(.DEFAULT_GOAL)
 
 # Targets: a Dockerfile each (hopper, blackwell), plus variants on another NGC base whose
-# CUDA needs a different driver floor (docker/README.md: targets and driver floors).
-DOCKER_TARGETS := hopper blackwell hopper-cu128 blackwell-cu13
+# CUDA needs a different driver floor (docker/README.md: targets and driver floors), and the
+# EFA variants (AWS): libfabric + the aws-ofi-nccl NCCL net plugin at the versions pinned in
+# docker/efa-versions.env, built from the tarballs docker/efa-sources.sh puts in EFA_SRC_DIR.
+DOCKER_TARGETS := hopper blackwell hopper-cu128 blackwell-cu13 hopper-efa blackwell-efa
+include docker/efa-versions.env
+EFA_SRC_DIR ?= build/efa-src
 TARGET ?= hopper
 IMAGE ?= hopper-train:$(TARGET)
 NGC_CU128 := nvcr.io/nvidia/pytorch:25.03-py3
@@ -22,6 +27,10 @@ _VARIANT_hopper-cu128 = --build-arg BASE_IMAGE=$(NGC_CU128) --build-arg BASE_CUD
 	--build-arg DRIVER_FLOOR="525 (570 for all CUDA 12.8 features)"
 _VARIANT_blackwell-cu13 = --build-arg BASE_IMAGE=$(NGC_CU13) --build-arg BASE_CUDA=13.1 \
 	--build-arg DRIVER_FLOOR="580 (data center GPUs: 535.86+/550.54+ with forward compatibility)"
+_EFA_ARGS = --build-arg LIBFABRIC_VERSION=$(LIBFABRIC_VERSION) \
+	--build-arg AWS_OFI_NCCL_VERSION=$(AWS_OFI_NCCL_VERSION) --build-context efa_src=$(EFA_SRC_DIR)
+_VARIANT_hopper-efa = $(_EFA_ARGS)
+_VARIANT_blackwell-efa = $(_EFA_ARGS)
 # docker when a Docker engine answers, else podman if installed (evaluated once, lazily).
 ENGINE ?= $(eval ENGINE := $(shell if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; \
 	then echo docker; elif command -v podman >/dev/null 2>&1; then echo podman; else echo docker; fi))$(ENGINE)
@@ -42,7 +51,7 @@ _BUILD_FLAGS = -f $(DOCKERFILE) \
 	--build-arg VERSION=$(IMAGE_VERSION) \
 	--build-arg REVISION=$(IMAGE_REVISION) \
 	$(if $(IMAGE_SOURCE),--build-arg SOURCE_URL=$(IMAGE_SOURCE)) \
-	$(_VARIANT_$(TARGET)) \
+	$(if $(findstring -,$(TARGET)),--build-arg TARGET=$(TARGET)) $(_VARIANT_$(TARGET)) \
 	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
 	$(if $(PIP_CA_BUNDLE),--secret id=pip_ca$(,)src=$(PIP_CA_BUNDLE)) \
 	$(DOCKER_BUILD_ARGS)
@@ -59,13 +68,18 @@ KUBECTL ?= kubectl
 K8S_DIR ?= k8s
 KUBECTL_ARGS ?=
 
-.PHONY: build-image push test-container k8s-apply docker-check-target
+.PHONY: build-image push test-container k8s-apply docker-check-target efa-src
 
 # Expanded only when one of the rules below runs, so other goals never trip on it.
 docker-check-target:
 	$(if $(filter $(TARGET),$(DOCKER_TARGETS)),@:,$(error invalid TARGET='$(TARGET)'; valid targets: $(DOCKER_TARGETS)))
 
-build-image: docker-check-target
+# Source tarballs for the EFA variants (LIBFABRIC_GIT / AWS_OFI_NCCL_GIT: local clones;
+# otherwise GitHub's tag archives are downloaded).
+efa-src:
+	bash docker/efa-sources.sh $(EFA_SRC_DIR)
+
+build-image: docker-check-target $(if $(filter %-efa,$(TARGET)),efa-src)
 ifeq ($(strip $(PLATFORMS)),)
 	$(ENGINE) build $(_BUILD_FLAGS) -t $(IMAGE) .
 else ifeq ($(ENGINE),docker)
@@ -78,7 +92,7 @@ else
 endif
 
 push: docker-check-target
-	@test -n "$(REGISTRY)" || { echo "docker.mk: set REGISTRY=host[:port]/path to push" >&2; exit 2; }
+	$(if $(strip $(REGISTRY)),@:,$(error no registry: set REGISTRY=host[:port]/path to push))
 ifeq ($(strip $(PLATFORMS)),)
 	$(ENGINE) tag $(IMAGE) $(REMOTE_IMAGE)
 	$(ENGINE) push $(REMOTE_IMAGE)

@@ -12,7 +12,11 @@
 # live in $CONTAINER_CI_DIR, so a rerun only rebuilds what changed.
 #
 # Environment (all optional):
-#   TARGET                      hopper (default) | blackwell
+#   TARGET                      hopper (default) | blackwell | hopper-efa | blackwell-efa
+#                               (*-efa: the EFA variant, libfabric + aws-ofi-nccl built from
+#                               source; docker/efa-sources.sh gets the tarballs, from local
+#                               clones when LIBFABRIC_GIT / AWS_OFI_NCCL_GIT are set)
+#   CONTAINER_CI_EFA_ONLY=1     *-efa: build and check the plugin, skip pytest in the image
 #   CONTAINER_CI_DIR            work dir (default /var/tmp/hopper-train-container-ci)
 #   CONTAINER_CI_CA_BUNDLE      CA bundle pip must trust (default: the host's)
 #   CONTAINER_CI_WHEEL_DIR      where the CPU torch wheel lies (default /opt/wheels)
@@ -44,7 +48,9 @@ TEST_TIMEOUT=${CONTAINER_CI_TEST_TIMEOUT:-1200}
 MIRROR=${CONTAINER_CI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=bookworm
 IMAGE=localhost/hopper-train:${TARGET}-ci
-DOCKERFILE=$REPO/docker/Dockerfile.$TARGET
+DOCKERFILE=$REPO/docker/Dockerfile.${TARGET%%-*}
+EFA=0
+[[ $TARGET != *-efa ]] || EFA=1
 
 T_START=$SECONDS
 TIMINGS=()
@@ -72,7 +78,8 @@ trap summary EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-[[ -f $DOCKERFILE ]] || die "unknown TARGET '$TARGET' (valid: hopper blackwell)"
+[[ -f $DOCKERFILE && $TARGET =~ ^(hopper|blackwell)(-efa)?$ ]] \
+    || die "unknown TARGET '$TARGET' (valid: hopper blackwell hopper-efa blackwell-efa)"
 ((EUID == 0)) || die "must run as root (rootful podman and debootstrap)"
 
 ensure_tools() {
@@ -167,22 +174,34 @@ tag_as_ngc() {
     echo "$STANDIN -> $NGC_BASE (local tag only; nothing is pulled)"
 }
 
+efa_sources() {
+    bash "$REPO/docker/efa-sources.sh" "$WORK/efa-src"
+    cat "$WORK/efa-src/SOURCES"
+}
+
 build_image() {
-    local secret=() version revision
+    local secret=() version revision efa=()
     if [[ -s $CA_BUNDLE ]]; then
         secret=(--secret "id=pip_ca,src=$CA_BUNDLE")
     fi
     version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$REPO/pyproject.toml" | head -n 1)
     revision=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if ((EFA)); then
+        # shellcheck source=/dev/null  # docker/efa-versions.env
+        source "$REPO/docker/efa-versions.env"
+        efa=(--build-arg "LIBFABRIC_VERSION=$LIBFABRIC_VERSION" --build-arg "AWS_OFI_NCCL_VERSION=$AWS_OFI_NCCL_VERSION"
+            --build-context "efa_src=$WORK/efa-src")
+    fi
     podman build --pull=never --network=host --layers \
         -f "$DOCKERFILE" -t "$IMAGE" \
+        --build-arg "TARGET=$TARGET" \
         --build-arg "TORCH_SPEC=$TORCH_SPEC" \
         --build-arg "TORCHAO_SPEC=$TORCHAO_SPEC" \
         --build-arg TORCHAO_CPP_CHECK=version \
         --build-arg "VERSION=${version:-0.0.0.dev0}" \
         --build-arg "REVISION=$revision" \
         --build-context "wheels=$WORK/wheels" \
-        "${secret[@]}" \
+        "${efa[@]}" "${secret[@]}" \
         "$REPO"
 }
 
@@ -195,6 +214,19 @@ smoke() {
     target=$(podman image inspect --format '{{index .Labels "io.hopper-train.target"}}' "$IMAGE")
     [[ $target == "$TARGET" ]] || die "label io.hopper-train.target is '$target', want '$TARGET'"
     echo "train/launch --help ok; runs as uid $uid; target label $target"
+}
+
+# The EFA variant: the plugin NCCL would load with the efa fabric's NCCL_NET_PLUGIN=ofi,
+# found through ldconfig, dlopen'ed by train/netplugin.py (doctor's check) as the image's
+# user. No EFA device here: nothing beyond loading the library can be tested.
+efa_smoke() {
+    local labels
+    labels=$(podman image inspect --format \
+        '{{index .Labels "io.hopper-train.libfabric"}} {{index .Labels "io.hopper-train.aws-ofi-nccl"}}' "$IMAGE")
+    [[ $labels == "v"*" v"* ]] || die "EFA labels missing: '$labels'"
+    podman run --rm --network=none "$IMAGE" cat /usr/local/share/hopper-train/efa.txt
+    podman run --rm --network=none -e NCCL_NET_PLUGIN=ofi -w /opt/hopper-train "$IMAGE" python3 -c \
+        'from train.netplugin import probe; p = probe(); print(p.line); raise SystemExit(0 if p.usable else 1)'
 }
 
 run_pytest() {
@@ -230,9 +262,17 @@ export TMPDIR=$WORK/tmp
 step "pick CPU torch wheel" pick_torch
 step "stand-in base (debootstrap)" build_standin
 step "tag stand-in as the NGC base" tag_as_ngc
+if ((EFA)); then
+    step "EFA sources" efa_sources
+fi
 step "podman build $TARGET" build_image
 step "smoke: CLIs, user, labels" smoke
-step "pytest inside the image" run_pytest
+if ((EFA)); then
+    step "EFA: NCCL net plugin loads" efa_smoke
+fi
+if ((EFA == 0)) || [[ ${CONTAINER_CI_EFA_ONLY:-0} != 1 ]]; then
+    step "pytest inside the image" run_pytest
+fi
 if [[ -n ${CONTAINER_CI_LAUNCH_TESTS:-} ]]; then
     step "launch docker scripts under podman" run_launch_tests
 fi

@@ -8,8 +8,8 @@
 # PyPI has no CPU-only wheel for these versions (only the CUDA build, which imports and runs
 # on a CPU machine; torch 2.7.1: an 821 MB wheel plus ~2.5 GB of nvidia-* libraries), so
 # each version gets its own venv under $TORCH_RANGE_DIR, built once and reused (keyed by
-# the version and pyproject.toml). Then a CPU subset of the suite runs in it (gloo, 2
-# processes): config, model, data, DDP, a 2-process torchrun training run, checkpoints.
+# the version and pyproject.toml). Then a CPU subset of the suite runs in it (gloo, 2-4
+# processes): see DEFAULT_TESTS.
 #
 # Environment: TORCH_RANGE ("2.7.1 2.10.0"), TORCH_RANGE_DIR (/var/tmp/hopper-train-torch-range),
 #              TORCH_RANGE_TESTS (pytest arguments), PYTHON (python3).
@@ -18,7 +18,15 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RANGE=${TORCH_RANGE:-2.7.1 2.10.0}
 DIR=${TORCH_RANGE_DIR:-/var/tmp/hopper-train-torch-range}
 PY=${PYTHON:-python3}
-DEFAULT_TESTS='-q -m "not gpu" -p no:cacheprovider tests/train/test_config.py tests/train/test_model.py tests/train/test_data.py tests/train/test_ddp.py tests/train/test_train_run.py::test_two_process_run_learns_and_writes_metrics tests/parallel/test_parallel_checkpoint.py tests/doctor/test_doctor_driver_cuda.py'
+# config, model, data, DDP, a 2-process torchrun run, then every CPU test of the parallel
+# strategies (FSDP2, HSDP, TP, compile, DCP checkpoints), the comm hooks, doctor, tracing,
+# metrics sinks and data preparation
+DEFAULT_TESTS='-q -m "not gpu" -p no:cacheprovider tests/train/test_config.py tests/train/test_model.py tests/train/test_data.py tests/train/test_ddp.py tests/train/test_train_run.py::test_two_process_run_learns_and_writes_metrics tests/train/test_trace.py tests/train/test_metrics_sinks.py tests/train/test_prepare.py tests/parallel tests/comm tests/doctor'
+# torch 2.7's gloo has no ReduceOp.AVG, which FSDP2 uses for HSDP's all-reduce of fp32/bf16
+# gradients ("RuntimeError: Cannot use ReduceOp.AVG with Gloo", measured with 2.7.1; 2.10.0
+# passes these). NCCL has AVG, so the images (NCCL on GPUs) are not affected; only these CPU
+# runs of HSDP are left out under 2.7.
+DESELECT_2_7='--deselect tests/parallel/test_parallel_equivalence.py::test_strategies_and_ac_match_ddp_on_2_ranks --deselect tests/parallel/test_parallel_equivalence.py::test_hsdp_and_fsdp_tp_match_ddp_on_4_ranks --deselect tests/parallel/test_parallel_bench.py::test_bench_step_plan_under_torchrun_two_processes'
 TESTS=${TORCH_RANGE_TESTS:-$DEFAULT_TESTS}
 mkdir -p "$DIR"
 exec 9>"$DIR/lock"
@@ -42,6 +50,9 @@ for version in $RANGE; do
     t0=$SECONDS
     args=()
     eval "args=($TESTS)"
+    if [[ -z ${TORCH_RANGE_TESTS:-} && $version == 2.7.* ]]; then
+        eval "args+=($DESELECT_2_7)"
+    fi
     (cd "$REPO" && PYTHONPATH=$REPO PATH="$venv/bin:$PATH" timeout --kill-after=30 1200 \
         "$venv/bin/python" -m pytest "${args[@]}") || rc=1
     echo "==> [torch_range] torch $version: tests $((SECONDS - t0))s, $([[ $rc == 0 ]] && echo passed || echo FAILED)"

@@ -168,7 +168,7 @@ def test_torchao_pairing_unknown_for_old_torch() -> None:
 
 
 @pytest.mark.parametrize(
-    "script", ["docker/install.sh", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scripts").glob("*_test.sh"))]
+    "script", ["docker/install.sh", "docker/efa.sh", "docker/efa-sources.sh", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "scripts").glob("*_test.sh"))]
 )
 def test_shellcheck(script: str) -> None:
     shellcheck = _tool("shellcheck")
@@ -228,9 +228,26 @@ def test_make_build_image_multiarch_uses_buildx() -> None:
     assert "-t registry.example.com/ml/hopper-train:blackwell --push" in proc.stdout
 
 
+@pytest.mark.parametrize("target", ["hopper-efa", "blackwell-efa"])
+def test_make_efa_variants_pass_pinned_versions_and_sources(target: str) -> None:
+    pins = dict(line.split("=", 1) for line in (ROOT / "docker" / "efa-versions.env").read_text().splitlines()
+                if line and not line.startswith("#"))
+    proc = _make("-n", "build-image", f"TARGET={target}", "ENGINE=podman")
+    assert proc.returncode == 0, proc.stderr
+    assert "bash docker/efa-sources.sh build/efa-src" in proc.stdout
+    build = next(line for line in proc.stdout.splitlines() if line.startswith("podman build"))
+    assert f"-f docker/Dockerfile.{target.split('-')[0]} " in build and f"--build-arg TARGET={target}" in build
+    assert f"--build-arg LIBFABRIC_VERSION={pins['LIBFABRIC_VERSION']}" in build
+    assert f"--build-arg AWS_OFI_NCCL_VERSION={pins['AWS_OFI_NCCL_VERSION']}" in build
+    assert "--build-context efa_src=build/efa-src" in build
+    plain = _make("-n", "build-image", "TARGET=hopper", "ENGINE=podman")
+    assert "efa" not in plain.stdout and "--build-arg TARGET=" not in plain.stdout
+
+
 def test_make_push_needs_registry() -> None:
     proc = _make("push", "TARGET=hopper", "ENGINE=docker")
     assert proc.returncode != 0 and "REGISTRY" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     proc = _make("-n", "push", "TARGET=hopper", "ENGINE=docker", "REGISTRY=r.example/x")
     assert "docker push r.example/x/hopper-train:hopper" in proc.stdout
 

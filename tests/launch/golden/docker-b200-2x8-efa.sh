@@ -7,7 +7,7 @@
 # Fabric efa: Multi-node over AWS Elastic Fabric Adapter (libfabric through the aws-ofi-nccl plugin)
 # Note: NVLink SHARP (NVLS) on the NVSwitch is used when NCCL detects it; launch never sets NCCL_NVLS_ENABLE.
 # Note: Needs an image built for sm_100 (image target blackwell) and NCCL >= 2.25.
-# Note: The image must contain libfabric and the aws-ofi-nccl plugin (NCCL loads it as its net plugin).
+# Note: The image must contain libfabric and the aws-ofi-nccl plugin (make build-image TARGET=hopper-efa or blackwell-efa); `train doctor` prints which NCCL net plugin loads.
 #
 # Run-time settings (environment; nothing here needs editing):
 #   LAUNCH_ENGINE=docker|podman    container engine; default: detected (see below)
@@ -48,6 +48,8 @@ docker_env=(
   --env=FI_PROVIDER=efa
   # FI_EFA_USE_DEVICE_RDMA: enable EFA RDMA read/write (GPUDirect) on instance types that support it (p4d, p5, p6)
   --env=FI_EFA_USE_DEVICE_RDMA=1
+  # NCCL_NET_PLUGIN: load the aws-ofi-nccl plugin, libnccl-net-ofi.so (images built with TARGET=hopper-efa or blackwell-efa have it in /opt/amazon/ofi-nccl/lib, on the loader path through ldconfig); without a net plugin NCCL falls back to its socket transport
+  --env=NCCL_NET_PLUGIN=ofi
 )
 
 # ---- container options (the same under docker and podman) ----

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Puts the libfabric and aws-ofi-nccl source tarballs that the EFA image variants build
+# from into OUT_DIR (default build/efa-src), at the versions pinned in docker/efa-versions.env,
+# and writes OUT_DIR/SOURCES (name, tag, commit, sha256, origin).
+#
+#   docker/efa-sources.sh [OUT_DIR]
+#
+# Where the sources come from, per project:
+#   LIBFABRIC_GIT / AWS_OFI_NCCL_GIT   a local git clone or mirror: `git archive <tag>`,
+#                                      after checking that the tag points at the pinned commit;
+#   otherwise                          GitHub's archive of the tag (curl), e.g.
+#                                      https://github.com/aws/aws-ofi-nccl/archive/refs/tags/v1.21.1.tar.gz
+# Both are plain source trees (no generated `configure`): docker/efa.sh runs autogen.sh.
+# An existing tarball whose SOURCES line matches the pin is kept (no download).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${1:-$REPO/build/efa-src}
+# shellcheck source=/dev/null  # docker/efa-versions.env
+source "$REPO/docker/efa-versions.env"
+
+die() { printf 'efa-sources.sh: %s\n' "$*" >&2; exit 2; }
+
+# fetch NAME GITHUB_REPO TAG COMMIT GIT_DIR: OUT/NAME-<version>.tar.gz
+fetch() {
+    local name=$1 gh=$2 tag=$3 commit=$4 git_dir=$5 tarball tmp got origin
+    tarball=$OUT/$name-${tag#v}.tar.gz
+    if [[ -s $tarball && -f $OUT/SOURCES ]] && grep -q "^$name $tag $commit " "$OUT/SOURCES"; then
+        echo "cached: $tarball"
+        return 0
+    fi
+    tmp=$(mktemp -d)
+    if [[ -n $git_dir ]]; then
+        got=$(git -C "$git_dir" rev-parse --verify --quiet "$tag^{commit}") \
+            || die "$git_dir has no tag $tag"
+        [[ $got == "$commit" ]] || die "$name $tag is $got in $git_dir, pinned $commit"
+        git -C "$git_dir" archive --format=tar --prefix="$name-${tag#v}/" "$tag" | tar -x -C "$tmp"
+        origin="git archive $tag of $git_dir"
+    else
+        command -v curl >/dev/null || die "curl not found; set ${name^^}_GIT to a local clone"
+        curl -fsSL "https://github.com/$gh/archive/refs/tags/$tag.tar.gz" | tar -xz -C "$tmp"
+        mv "$tmp"/*/ "$tmp/$name-${tag#v}.tmp" && mv "$tmp/$name-${tag#v}.tmp" "$tmp/$name-${tag#v}"
+        origin="https://github.com/$gh/archive/refs/tags/$tag.tar.gz"
+    fi
+    # aws-ofi-nccl's autogen reads its version from git or from .release_version
+    printf '%s\n' "${tag#v}" >"$tmp/$name-${tag#v}/.release_version"
+    tar -C "$tmp" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -czf "$tarball" "$name-${tag#v}"
+    rm -rf "$tmp"
+    touch "$OUT/SOURCES"
+    grep -v "^$name " "$OUT/SOURCES" >"$OUT/SOURCES.new" || true
+    printf '%s %s %s %s %s\n' "$name" "$tag" "$commit" "$(sha256sum "$tarball" | cut -d' ' -f1)" "$origin" \
+        >>"$OUT/SOURCES.new"
+    mv "$OUT/SOURCES.new" "$OUT/SOURCES"
+    echo "wrote: $tarball ($origin)"
+}
+
+mkdir -p "$OUT"
+fetch libfabric ofiwg/libfabric "$LIBFABRIC_VERSION" "$LIBFABRIC_COMMIT" "${LIBFABRIC_GIT:-}"
+fetch aws-ofi-nccl aws/aws-ofi-nccl "$AWS_OFI_NCCL_VERSION" "$AWS_OFI_NCCL_COMMIT" "${AWS_OFI_NCCL_GIT:-}"
