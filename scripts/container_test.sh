@@ -217,7 +217,7 @@ smoke() {
 }
 
 # The EFA variant: the plugin NCCL would load with the efa fabric's NCCL_NET_PLUGIN=ofi,
-# found through ldconfig, dlopen'ed by train/netplugin.py (doctor's check) as the image's
+# found through ldconfig, dlopen'ed by train/doctor/netplugin.py (doctor's check) as the image's
 # user. No EFA device here: nothing beyond loading the library can be tested.
 efa_smoke() {
     local labels
@@ -226,7 +226,7 @@ efa_smoke() {
     [[ $labels == "v"*" v"* ]] || die "EFA labels missing: '$labels'"
     podman run --rm --network=none "$IMAGE" cat /usr/local/share/hopper-train/efa.txt
     podman run --rm --network=none -e NCCL_NET_PLUGIN=ofi -w /opt/hopper-train "$IMAGE" python3 -c \
-        'from train.netplugin import probe; p = probe(); print(p.line); raise SystemExit(0 if p.usable else 1)'
+        'from train.doctor.netplugin import probe; p = probe(); print(p.line); raise SystemExit(0 if p.usable else 1)'
 }
 
 run_pytest() {

@@ -1,18 +1,20 @@
-"""train/netplugin.py: which NCCL net plugin NCCL would dlopen, probed in a child process.
+"""train/doctor/netplugin.py: which NCCL net plugin NCCL would dlopen, probed in a child process.
 
 The libraries are real shared objects built with the C compiler for each test (a file that
 only looks like one would not load); the environment is simulated, no NCCL is involved."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from train import netplugin
+from train.doctor import netplugin
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build test plugins")
@@ -101,3 +103,21 @@ def test_probe_failure_is_reported_in_one_line(monkeypatch):
     monkeypatch.setattr(netplugin.sys, "executable", "/nonexistent/python")
     got = netplugin.probe(env_with())
     assert got.line.startswith("NCCL net plugin: could not probe: ") and not got.usable
+
+
+def test_doctor_reports_the_plugin_and_fails_when_an_asked_for_one_does_not_load(tmp_path):
+    """`train doctor` prints the plugin line; a plugin named by NCCL_NET_PLUGIN that does
+    not load (the efa fabric outside the EFA image) is a problem: exit 1, named."""
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "NCCL_NET_PLUGIN": "ofi", "LD_LIBRARY_PATH": str(tmp_path)}
+    text = subprocess.run([sys.executable, "-m", "train", "doctor"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert text.returncode == 1, text.stderr
+    assert "NCCL net plugin" in text.stdout and "libnccl-net-ofi.so" in text.stdout
+    env.pop("NCCL_NET_PLUGIN")
+    js = subprocess.run([sys.executable, "-m", "train", "doctor", "--json"], env=env, capture_output=True,
+                        text=True, timeout=120)
+    report = json.loads(js.stdout)
+    assert report["net_plugin"]["tried"] == ["libnccl-net.so"] and report["net_plugin"]["usable"] is False
+    assert not any("net plugin" in p for p in report["problems"])  # none asked for: not a problem

@@ -45,6 +45,8 @@ def _versions(report: dict) -> list[str]:
            f"NCCL {v['nccl'] or 'none'}   driver {v['driver'] or 'none'}"]
     if "driver_cuda" in report:
         out.append(report["driver_cuda"]["line"])
+    if "net_plugin" in report:
+        out.append(report["net_plugin"]["line"])
     return out
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from train.doctor import libraries, probes
 from train.doctor.cuda_compat import fit, image_cuda, is_datacenter
 from train.doctor.memory import GiB
+from train.doctor.netplugin import probe as probe_net_plugin
 from train.hardware import fp8_kinds, mxfp8_backends, peak_bf16_tflops
 
 SCHEMA = "train-doctor/1"
@@ -71,8 +72,12 @@ def _base_report(torch, smi: list[dict] | None, cuda_ok: bool, found: _Findings)
     driver_fit = fit(driver, image_cuda(torch.version.cuda), is_datacenter(smi[0]["name"] if smi else None))
     if driver_fit.ok is False:
         found.problems.append(driver_fit.line)
+    net = probe_net_plugin()  # which NCCL net plugin NCCL would dlopen (a child process, no NCCL init)
+    if net.env and net.env != "none" and not net.usable:
+        found.problems.append(net.line)  # a plugin was asked for (e.g. the efa fabric) and does not load
     return {
         "driver_cuda": {"ok": driver_fit.ok, "line": driver_fit.line},
+        "net_plugin": net.as_dict(),
         "schema": SCHEMA,
         "host": platform.node(),
         "platform": f"{platform.system()} {platform.machine()}",
