@@ -17,7 +17,9 @@
 #                                           text, bf16 vs FP8 tensorwise (final losses).
 #   PART=h100    bash scripts/gpu/perf.sh   1 GPU (H100), ~7 min: the two 1b single-GPU points,
 #                                           both sides, one after the other.
-# PART may be a comma list (run in order). OURS_ARGS: extra `train bench step` arguments for
+#   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
+#                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
+# PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
 # every run of ours in the titan*/rowwise/fp8loss/h100 parts, e.g.
 #   OURS_ARGS="--set train.loss=chunked --set parallel.sdpa_backend=cudnn"
 # torchtitan's side needs .titan/ (titan_bench.py + torchtitan-src, see
@@ -38,7 +40,9 @@ LOG="$W/log.txt"
 : >"$LOG"
 note() { echo "[perf.sh $(date +%T)] $*" | tee -a "$LOG"; }
 read -r -a OURS <<<"${OURS_ARGS:-}"
-BUDGET_S="${BUDGET_S:-570}"  # PART=levers: skip the last runs rather than outlive a 600 s device call
+# Every run's time limit is capped to what is left of BUDGET_S (seconds since the start);
+# runs are skipped once it is spent, so that a 600 s device call still returns the results.
+BUDGET_S="${BUDGET_S:-570}"
 TT="$PWD/.titan"
 TRUN=(python3 -m torch.distributed.run --standalone)
 STEP=(-m train bench step --device cuda --timeout-s 300 --out "$W")
@@ -47,8 +51,15 @@ P8B=(--preset 8b --batch 4 --seq 2048 --compile on --ac full --steps 10 --warmup
 python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(),
   torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' 2>&1 | tee -a "$LOG"
 
+capped() {  # LIMIT -> min(LIMIT, what is left of BUDGET_S), or nothing when under 30 s are left
+  local left=$((BUDGET_S - SECONDS))
+  if [ "$left" -lt 30 ]; then return 1; fi
+  echo $(($1 < left ? $1 : left))
+}
+
 ours() {  # GPUS NPROC NAME LIMIT ARGS...: one `train bench step` launch
-  local gpus=$1 nproc=$2 name=$3 limit=$4
+  local gpus=$1 nproc=$2 name=$3 limit
+  if ! limit=$(capped "$4"); then note "$name skipped: BUDGET_S=$BUDGET_S spent"; return; fi
   shift 4
   # A fresh inductor cache per launch: the AOT-autograd/FX caches key on the traced graph,
   # not on the SDPA kernel flags, so a cached graph of another run could bring its kernel.
@@ -59,7 +70,8 @@ ours() {  # GPUS NPROC NAME LIMIT ARGS...: one `train bench step` launch
 }
 
 titan() {  # GPUS NPROC NAME LIMIT ARGS...: titan_bench.py, result in titan_NAME.json
-  local gpus=$1 nproc=$2 name=$3 limit=$4
+  local gpus=$1 nproc=$2 name=$3 limit
+  if ! limit=$(capped "$4"); then note "titan_$name skipped: BUDGET_S=$BUDGET_S spent"; return; fi
   shift 4
   if [ ! -f "$TT/titan_bench.py" ]; then note "titan_$name skipped: no .titan/titan_bench.py (carry .titan)"; return; fi
   PYTHONPATH="$TT/torchtitan-src:${PYTHONPATH:-}" CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" \
@@ -97,7 +109,7 @@ EOF
   wait
   if python3 -m train bench comm --help 2>/dev/null | grep -q -- '--impl'; then
     note "all-reduce latency 4K..4M: NCCL vs symmetric memory one-shot/two-shot (2 GPUs)"
-    CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 90 "${TRUN[@]}" --nproc-per-node 2 -m train bench comm \
+    CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 "$(capped 90 || echo 1)" "${TRUN[@]}" --nproc-per-node 2 -m train bench comm \
       --impl nccl,symm_mem --min-bytes 4K --max-bytes 4M --out "$W" --name latency >"$W/latency.log" 2>&1 \
       || note "latency failed (exit $?); see latency.log"
   else
@@ -113,9 +125,7 @@ EOF
 - {preset: 125m, batch: 2, seq: 512, compile: "off", steps: 40, warmup: 5, set: [comm.small_reduce=symm_mem]}
 EOF
 )
-    local budget=$((BUDGET_S - SECONDS))
-    if [ "$budget" -lt 60 ]; then note "small_reduce skipped: ${budget}s left of BUDGET_S=$BUDGET_S"; return; fi
-    ours 0,1 2 small_reduce "$((budget < 180 ? budget : 180))" --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p2"
+    ours 0,1 2 small_reduce 180 --strategy fsdp --fp8 none "${P1B[@]}" --plan "$p2"
   else
     note "no comm.small_reduce in this checkout: step-time effect skipped"
   fi
@@ -142,6 +152,13 @@ part_fp8loss1b() {
   ours 0 1 fp8loss1b_bf16 280 "${c[@]}" --fp8 none "${OURS[@]}" &
   ours 1 1 fp8loss1b_fp8 280 "${c[@]}" --fp8 tensorwise "${OURS[@]}" &
   wait
+}
+
+part_gputests() {
+  note "gputests: the GPU-marked tests of the loss modes and symmetric memory"
+  timeout -k 10 "$(capped 240 || echo 1)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/train/test_loss.py \
+    tests/comm/test_small_reduce.py >"$W/gputests.log" 2>&1 || note "gputests failed (exit $?); see gputests.log"
+  tail -3 "$W/gputests.log" | tee -a "$LOG"
 }
 
 part_titan1b() {
@@ -190,8 +207,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 

@@ -259,3 +259,30 @@ def test_trainer_modes_agree_with_fsdp2_and_ddp_on_2_gloo_ranks(tmp_path):
     results = torch.load(out)
     assert len(results) == len(strategies) * len(MODES)
     _check(results)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["compiled", "chunked"])
+def test_loss_modes_on_cuda_bf16_with_inductor(monkeypatch, mode):
+    """On a GPU with Inductor (the per-chunk math compiled): bf16 hidden states and weight,
+    as FSDP2 runs them; loss and gradients within bf16 tolerance of the eager reference."""
+    monkeypatch.setattr(loss_mod, "COMPILE_BACKEND", "inductor")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(4, 512, 256, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(8192, 256, device="cuda", generator=g) * 0.05).bfloat16().requires_grad_()
+    t = torch.randint(0, 8192, (4, 512), device="cuda", generator=g)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = F.linear(h, w)
+    ref = F.cross_entropy(logits.float().flatten(0, 1), t.flatten())
+    ref_gh, ref_gw = torch.autograd.grad(ref, (h, w))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        if mode == "chunked":
+            loss = ChunkedLossHead(700)(h, w, t)  # 2048 tokens: two full chunks and an uneven one
+        else:
+            loss = cross_entropy(F.linear(h, w), t, "compiled")
+    gh, gw = torch.autograd.grad(loss, (h, w))
+    torch.testing.assert_close(loss, ref, rtol=1e-3, atol=1e-3)
+    for got, want in ((gh, ref_gh), (gw, ref_gw)):
+        assert got.dtype == torch.bfloat16
+        err = (got.float() - want.float()).norm() / want.float().norm()
+        assert err < 1e-2, f"relative gradient error {err:.2e}"  # bf16 rounds at 4e-3

@@ -39,6 +39,9 @@ def symm_mem_unavailable(device: torch.device, group=None) -> str | None:
         return "needs a process group"
     if dist.get_backend(group) != "nccl":
         return f"needs the nccl backend (process group uses {dist.get_backend(group)})"
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is not None and local.isdigit() and int(local) < dist.get_world_size(group):
+        return f"the group spans several nodes ({dist.get_world_size(group)} ranks, {local} per node): NVLink peers only"
     try:
         import torch.distributed._symmetric_memory
     except ImportError as exc:
