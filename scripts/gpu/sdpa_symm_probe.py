@@ -1,5 +1,5 @@
 """Quick device probe (not part of the project): SDPA backends at the 1b/8b shapes, and
-symmetric-memory all-reduce latency vs NCCL. Run: torchrun --nproc-per-node 2 probe/probe12.py"""
+symmetric-memory all-reduce latency vs NCCL. Run: torchrun --standalone --nproc-per-node 2 scripts/gpu/sdpa_symm_probe.py (2 GPUs)"""
 import json, os, sys, time
 import torch, torch.distributed as dist
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -80,4 +80,4 @@ if world > 1:
 if rank == 0:
     print(json.dumps(out, indent=1))
     os.makedirs(os.environ.get("OUT", "/tmp"), exist_ok=True)
-    json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "probe12.json"), "w"), indent=1)
+    json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "sdpa_symm_probe.json"), "w"), indent=1)
