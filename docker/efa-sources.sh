@@ -6,6 +6,8 @@
 #   docker/efa-sources.sh [OUT_DIR]
 #
 # Where the sources come from, per project:
+#   docker/efa-src/                    the vendored tarball, when its SOURCES line names the pin
+#                                      and its sha256 matches (what CI uses: it reaches no GitHub);
 #   LIBFABRIC_GIT / AWS_OFI_NCCL_GIT   a local git clone or mirror: `git archive <tag>`,
 #                                      after checking that the tag points at the pinned commit;
 #   otherwise                          GitHub's archive of the tag (curl), e.g.
@@ -21,12 +23,32 @@ source "$REPO/docker/efa-versions.env"
 
 die() { printf 'efa-sources.sh: %s\n' "$*" >&2; exit 2; }
 
+# vendored NAME TAG COMMIT TARBALL: copy docker/efa-src's tarball when its SOURCES line names
+# this pin and its sha256 matches (the repository carries them: CI reaches no GitHub)
+vendored() {
+    local name=$1 tag=$2 commit=$3 tarball=$4 src line sha
+    src=$REPO/docker/efa-src/$name-${tag#v}.tar.gz
+    [[ -s $src && -f $REPO/docker/efa-src/SOURCES ]] || return 1
+    line=$(grep "^$name $tag $commit " "$REPO/docker/efa-src/SOURCES") || return 1
+    sha=$(cut -d' ' -f4 <<<"$line")
+    [[ $(sha256sum "$src" | cut -d' ' -f1) == "$sha" ]] || die "$src does not match its sha256 in docker/efa-src/SOURCES"
+    cp "$src" "$tarball"
+    touch "$OUT/SOURCES"
+    grep -v "^$name " "$OUT/SOURCES" >"$OUT/SOURCES.new" || true
+    printf '%s (vendored: docker/efa-src)\n' "$line" >>"$OUT/SOURCES.new"
+    mv "$OUT/SOURCES.new" "$OUT/SOURCES"
+    echo "vendored: $tarball"
+}
+
 # fetch NAME GITHUB_REPO TAG COMMIT GIT_DIR: OUT/NAME-<version>.tar.gz
 fetch() {
     local name=$1 gh=$2 tag=$3 commit=$4 git_dir=$5 tarball tmp got origin
     tarball=$OUT/$name-${tag#v}.tar.gz
     if [[ -s $tarball && -f $OUT/SOURCES ]] && grep -q "^$name $tag $commit " "$OUT/SOURCES"; then
         echo "cached: $tarball"
+        return 0
+    fi
+    if vendored "$name" "$tag" "$commit" "$tarball"; then
         return 0
     fi
     tmp=$(mktemp -d)
