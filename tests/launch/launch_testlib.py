@@ -44,16 +44,6 @@ def run_inproc(argv: list[str], env: dict | None = None) -> tuple[int, str, str]
     return rc, out.getvalue(), err.getvalue()
 
 
-def load_script(name: str):
-    """A developer script under scripts/ (not a package), e.g. ``render_examples``."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def render(argv: list[str]) -> str:
     rc, out, err = run_inproc(argv)
     assert rc == 0, f"launch {argv} -> {rc}: {err}"

@@ -22,7 +22,8 @@ import pytest
 from k8s_apiserver import admit, load_crd
 from k8s_checks import COMMITTED, CRDS, check_manifests, committed_runtimes, manifest_docs, render_docs
 
-from launch_testlib import REPO, backend_argv, job_shapes, load_script, render
+from launch_testlib import REPO, backend_argv, job_shapes, render
+from testlib import load_script
 
 render_examples = load_script("render_examples")
 
