@@ -120,7 +120,8 @@ def test_architecture_doc_names_every_module_and_only_real_ones():
     assert sorted(p for p in named if not (ROOT / p).exists()) == []
     modules = {p.relative_to(ROOT).as_posix() for p in arch.module_files(ROOT).values()}
     empty = {m for m in modules if m.endswith("__init__.py") and not ast.parse((ROOT / m).read_text()).body}
-    assert sorted(modules - empty - named) == []
+    packages = {f"{p}__init__.py" for p in named if p.endswith("/")}  # `train/doctor/` names its __init__
+    assert sorted(modules - empty - named - packages) == []
 
 
 def test_architecture_doc_facts_name_real_definitions():

@@ -114,6 +114,20 @@ def load_job(extra):
     return load_config(None, BASE + list(extra))
 
 
+def gloo_trainer(job, rank: int, world: int, out: Path | None = None, resume: bool = False):
+    """A CPU ``Trainer`` for ``rank`` of a gloo world (inside a ``spawn`` worker), writing to
+    ``out`` or to a fresh temporary directory."""
+    import tempfile
+
+    import torch
+
+    from train.distributed import DistInfo
+    from train.trainer import Trainer
+
+    info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
+    return Trainer(job, info, out or Path(tempfile.mkdtemp()), resume=resume)
+
+
 def full_state(model) -> dict:
     """Full (unsharded) parameters with canonical names; a collective for DTensors."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

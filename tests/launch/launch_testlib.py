@@ -12,15 +12,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+from launch.envnames import documented_nccl
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 SHELLCHECK = shutil.which("shellcheck") or str(Path(PY).parent / "shellcheck")
-DOCUMENTED_NCCL = frozenset(
-    line.strip()
-    for line in (HERE / "nccl_documented_env.txt").read_text().splitlines()
-    if line.strip() and not line.startswith("#")
-)
+DOCUMENTED_NCCL = documented_nccl()  # launch/nccl_documented_env.txt, the one list
 
 SHELL_BACKENDS = ("torchrun", "docker", "slurm")
 

@@ -10,12 +10,11 @@ goes to ~/.cache/hopper-train/inductor unless TORCHINDUCTOR_CACHE_DIR is set."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
-from testlib import FSDP, load_job, spawn
+from testlib import FSDP, gloo_trainer, load_job, spawn
 
 TP = FSDP + ["parallel.tp=2", "train.batch_size=8", "model.n_layers=1", "train.steps=2",
            "parallel.compile_backend=aot_eager"]
@@ -26,14 +25,9 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 
 def _worker(rank, world, result_file):
-    from train.distributed import DistInfo
-    from train.trainer import Trainer
-
-    info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
     runs = {}
     for compiled in (False, True):
-        trainer = Trainer(load_job(TP + [f"parallel.compile={str(compiled).lower()}"]), info,
-                          Path(tempfile.mkdtemp()))
+        trainer = gloo_trainer(load_job(TP + [f"parallel.compile={str(compiled).lower()}"]), rank, world)
         names = [n for n, _ in trainer.par.model.named_parameters()]
         trainer.forward_backward()
         grads = _grads(trainer.par.model)
