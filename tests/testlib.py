@@ -128,6 +128,22 @@ def gloo_trainer(job, rank: int, world: int, out: Path | None = None, resume: bo
     return Trainer(job, info, out or Path(tempfile.mkdtemp()), resume=resume)
 
 
+def gloo_runs(rank: int, world: int, jobs: dict, measure, result_file: Path) -> None:
+    """Inside a ``spawn`` worker: ``{key: measure(trainer)}`` for each ``{key: job}``, one CPU
+    gloo ``Trainer`` at a time (closed and released before the next), saved by rank 0 to
+    ``result_file`` (``torch.load`` it in the test)."""
+    import torch
+
+    out = {}
+    for key, job in jobs.items():
+        trainer = gloo_trainer(job, rank, world)
+        out[key] = measure(trainer)
+        trainer.metrics.close()
+        trainer.release()
+    if rank == 0:
+        torch.save(out, result_file)
+
+
 def full_state(model) -> dict:
     """Full (unsharded) parameters with canonical names; a collective for DTensors."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

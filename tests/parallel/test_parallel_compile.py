@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from testlib import FSDP, gloo_trainer, load_job, spawn
+from testlib import FSDP, gloo_runs, load_job, spawn
 
 TP = FSDP + ["parallel.tp=2", "train.batch_size=8", "model.n_layers=1", "train.steps=2",
            "parallel.compile_backend=aot_eager"]
@@ -24,19 +24,18 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
 
 
+def _measure(trainer) -> tuple:
+    names = [n for n, _ in trainer.par.model.named_parameters()]
+    trainer.forward_backward()
+    grads = _grads(trainer.par.model)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    losses = [trainer.train_step()[0] for _ in range(2)]
+    return names, grads, losses
+
+
 def _worker(rank, world, result_file):
-    runs = {}
-    for compiled in (False, True):
-        trainer = gloo_trainer(load_job(TP + [f"parallel.compile={str(compiled).lower()}"]), rank, world)
-        names = [n for n, _ in trainer.par.model.named_parameters()]
-        trainer.forward_backward()
-        grads = _grads(trainer.par.model)
-        trainer.optimizer.zero_grad(set_to_none=True)
-        losses = [trainer.train_step()[0] for _ in range(2)]
-        runs[compiled] = (names, grads, losses)
-        trainer.metrics.close()
-    if rank == 0:
-        torch.save(runs, result_file)
+    jobs = {compiled: load_job(TP + [f"parallel.compile={str(compiled).lower()}"]) for compiled in (False, True)}
+    gloo_runs(rank, world, jobs, _measure, result_file)
 
 
 def test_compiled_tp_blocks_match_eager(tmp_path):
