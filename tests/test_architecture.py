@@ -16,7 +16,7 @@ The import graph and the size limits are computed in one place, scripts/check_ar
 * the model knows nothing of parallelism, precision or the loop: ``train.models`` imports only
   itself and leaves;
 * ``launch`` never imports ``torch`` or ``train`` (tests/launch/test_launch_cli.py checks the
-  same at run time for a render).
+  same at run time for a render); ``train`` takes from ``launch`` only leaves and the catalog.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def test_no_module_imports_an_aggregator_above_it(graph):
     upward = [(m, t) for m, targets in graph.items() for t in targets
               if mods[t].name == "__init__.py" and m.startswith(t + ".")]
     assert upward == []
+    assert "train.parallel" in graph["train.trainer"]  # the aggregator, imported from outside: fine
 
 
 def _is_cli(module: str) -> bool:
@@ -86,6 +87,11 @@ def test_launch_never_imports_torch_or_train():
     mods = arch.module_files(ROOT, ("launch",))
     bad = {m: arch.top_level_imports(m, p) & {"torch", "train"} for m, p in mods.items()}
     assert {m: names for m, names in bad.items() if names} == {}
+
+
+def test_train_takes_from_launch_only_leaves_and_the_catalog(graph):
+    used = {t for m, targets in graph.items() if m.startswith("train") for t in targets if t.startswith("launch")}
+    assert used - LEAVES <= {"launch.catalog"}, sorted(used)
 
 
 def test_no_file_over_450_lines_and_no_function_over_60():
