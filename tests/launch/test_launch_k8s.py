@@ -11,7 +11,8 @@ TrainJob, ClusterTrainingRuntime/TrainingRuntime, PyTorchJob and ComputeDomain g
   losing a field;
 * the operators' admission-webhook rules (k8s_operators.py, each with its source line).
 
-No cluster is involved (none can be had here).
+No cluster is involved (none can be had here). The checks are k8s_checks.py; what each option
+does is tested in test_launch_k8s_behaviour.py.
 """
 
 from __future__ import annotations
