@@ -15,6 +15,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def load_script(name: str):
+    """A developer script under scripts/ (not a package), e.g. ``render_examples``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,6 +112,36 @@ def load_job(extra):
     from train.config import load_config
 
     return load_config(None, BASE + list(extra))
+
+
+def gloo_trainer(job, rank: int, world: int, out: Path | None = None, resume: bool = False):
+    """A CPU ``Trainer`` for ``rank`` of a gloo world (inside a ``spawn`` worker), writing to
+    ``out`` or to a fresh temporary directory."""
+    import tempfile
+
+    import torch
+
+    from train.distributed import DistInfo
+    from train.trainer import Trainer
+
+    info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
+    return Trainer(job, info, out or Path(tempfile.mkdtemp()), resume=resume)
+
+
+def gloo_runs(rank: int, world: int, jobs: dict, measure, result_file: Path) -> None:
+    """Inside a ``spawn`` worker: ``{key: measure(trainer)}`` for each ``{key: job}``, one CPU
+    gloo ``Trainer`` at a time (closed and released before the next), saved by rank 0 to
+    ``result_file`` (``torch.load`` it in the test)."""
+    import torch
+
+    out = {}
+    for key, job in jobs.items():
+        trainer = gloo_trainer(job, rank, world)
+        out[key] = measure(trainer)
+        trainer.metrics.close()
+        trainer.release()
+    if rank == 0:
+        torch.save(out, result_file)
 
 
 def full_state(model) -> dict:

@@ -6,6 +6,7 @@ tracebacks are for bugs only (set TRAIN_DEBUG=1 to see them for user errors too)
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from launch.safety import StrictInt, harden_click
 from train.config import SEED_MAX
 from train.console import fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class GuardedGroup(click.Group):
@@ -112,7 +115,7 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
         if is_rank0:  # one process per run holds the lock, for the life of the run
             lock.acquire()
             event = rundir.prepare(out_dir, job, should_resume(job, resume), overwrite, allow_config_change,
-                                   lambda msg: click.echo(f"[train] {msg}", err=True))
+                                   log.info)
 
             def on_start() -> None:
                 rundir.write_config(out_dir, job, event)

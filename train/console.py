@@ -1,8 +1,8 @@
 """Console output of ``train``: one ``logging`` setup with one rank-aware formatter.
 
 Every module logs through ``logging.getLogger(__name__)``; ``setup()`` (called once by the
-command line) sends records to stderr, prefixed ``[rank N]`` when the world has more than one
-rank. ``fail`` is the one way a command reports a user error: one line, then exit.
+command line) sends records to stderr (the loggers named in ``stdout=``: to stdout), prefixed
+``[rank N]`` when the world has more than one rank. ``fail`` is the one way a command reports a user error: one line, then exit.
 A leaf module: it imports nothing of ``train`` (only ``launch.safety`` for one-line text).
 """
 
@@ -36,17 +36,29 @@ class RankFormatter(logging.Formatter):
         return rank_prefix() + text
 
 
-def setup(level: int | str | None = None) -> None:
-    """Route the ``train`` loggers to stderr once (level from ``TRAIN_LOG_LEVEL``, default INFO)."""
-    logger = logging.getLogger(ROOT_LOGGER)
+def setup(level: int | str | None = None, stdout: tuple[str, ...] = ()) -> None:
+    """Route the ``train`` loggers to stderr once (level from ``TRAIN_LOG_LEVEL``, default INFO).
+
+    ``stdout``: names of loggers whose records are a command's product (``train run``'s
+    progress lines), sent to stdout instead, rank-prefixed, at INFO."""
+    if _attach(ROOT_LOGGER, sys.stderr):
+        logging.getLogger(ROOT_LOGGER).setLevel(level or os.environ.get("TRAIN_LOG_LEVEL", "INFO").upper())
+    for name in stdout:
+        if _attach(name, sys.stdout):
+            logging.getLogger(name).setLevel(logging.INFO)
+
+
+def _attach(name: str, stream) -> bool:
+    """Give logger ``name`` one rank-prefixed handler on ``stream`` (False: it has one already)."""
+    logger = logging.getLogger(name)
     if any(getattr(h, "_train_console", False) for h in logger.handlers):
-        return
-    handler = logging.StreamHandler(sys.stderr)
+        return False
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(RankFormatter())
     handler._train_console = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
-    logger.setLevel(level or os.environ.get("TRAIN_LOG_LEVEL", "INFO").upper())
     logger.propagate = False
+    return True
 
 
 def fail(msg: str, code: int) -> None:

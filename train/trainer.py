@@ -7,12 +7,12 @@ import contextlib
 import gc
 import logging
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from train import console
 from train import distributed as tdist
 from train.checkpoint import CheckpointManager
 from train.checkpointer import Checkpointer
@@ -373,24 +373,8 @@ def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMe
 
 
 # The run's progress (model, steps, checkpoints, resume) is what ``train run`` produces: it goes
-# to stdout, as it always did; diagnostics (warnings, errors) go to stderr via train.console.
+# to stdout, as it always did (console.setup(stdout=...)); diagnostics (warnings, errors) go to stderr.
 PROGRESS_LOGGERS = (__name__, "train.checkpointer")
-
-
-def progress_to_stdout() -> None:
-    """Send the progress loggers' records to stdout (once per process), rank-prefixed."""
-    from train.console import RankFormatter
-
-    for name in PROGRESS_LOGGERS:
-        logger = logging.getLogger(name)
-        if any(getattr(h, "_train_progress", False) for h in logger.handlers):
-            continue
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(RankFormatter())
-        handler._train_progress = True  # type: ignore[attr-defined]
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
 
 
 def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
@@ -398,7 +382,7 @@ def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
 
     ``on_start()`` runs once the model is built and any checkpoint loaded, before the
     first step (``train run`` records the start/resume in config.yaml there)."""
-    progress_to_stdout()
+    console.setup(stdout=PROGRESS_LOGGERS)  # progress lines on stdout, once per process
     info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder")
     trainer, tear_down = None, True
     try:

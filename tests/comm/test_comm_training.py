@@ -16,10 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from testlib import spawn, topk_dense
+from testlib import gloo_trainer, spawn, topk_dense
 from train.comm.hooks import register_comm_hook
 from train.config import load_config
-from train.distributed import DistInfo
 from train.parallel import Parallelized
 
 TINY = ["model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=64", "train.batch_size=2",
@@ -159,14 +158,12 @@ def check_powersgd_matches_torch(rank, world, tmp):
 def check_localsgd_sync_pattern(rank, world, tmp):
     """Through the Trainer: equal parameters during warm-up and right after each
     averaging step, different in between (each rank steps on its own gradients)."""
-    from train.trainer import Trainer
-
     warmup, period = 2, 3
     job = load_config("tiny", TINY + ["comm.hook=localsgd", f"comm.localsgd_period={period}",
                                       f"comm.localsgd_warmup={warmup}", "train.steps=12"])
     out = Path(tmp) / "localsgd"
     out.mkdir(exist_ok=True)
-    trainer = Trainer(job, DistInfo(rank, rank, world, torch.device("cpu"), "gloo"), out)
+    trainer = gloo_trainer(job, rank, world, out)
     seen = []
     for step in range(1, 12):  # 1-based training step
         trainer.train_step()
@@ -180,10 +177,8 @@ def check_localsgd_sync_pattern(rank, world, tmp):
 
 
 def _trainer(hook_overrides, out, rank, world, resume=False):
-    from train.trainer import Trainer
-
     job = load_config("tiny", TINY + ["parallel.bucket_cap_mb=0.01", "train.steps=20"] + hook_overrides)
-    return Trainer(job, DistInfo(rank, rank, world, torch.device("cpu"), "gloo"), out, resume=resume)
+    return gloo_trainer(job, rank, world, out, resume=resume)
 
 
 def _tensors_equal(a: dict, b: dict) -> bool:

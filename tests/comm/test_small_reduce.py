@@ -16,7 +16,7 @@ import textwrap
 import pytest
 import torch
 
-from testlib import free_port, run, spawn, torchrun
+from testlib import free_port, gloo_runs, run, spawn, torchrun
 from train.config import load_config
 from train.errors import ConfigError
 
@@ -57,24 +57,11 @@ def test_symm_mem_falls_back_to_the_process_group_on_gloo(tmp_path):
 
 
 def _trainer_worker(rank, world, result_file):
-    import tempfile
-    from pathlib import Path
-
-    from train.distributed import DistInfo
-    from train.trainer import Trainer
-
     base = ["model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=64", "train.seq_len=16",
             "train.batch_size=2", "train.device=cpu", "data.source=synthetic", "checkpoint.final=false",
             "checkpoint.resume=never", "metrics.progress=false"]
-    info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
-    out = {}
-    for impl in ("nccl", "symm_mem"):
-        trainer = Trainer(load_config(None, [*base, f"comm.small_reduce={impl}"]), info, Path(tempfile.mkdtemp()))
-        out[impl] = [trainer.train_step() for _ in range(3)]
-        trainer.metrics.close()
-        trainer.release()
-    if rank == 0:
-        torch.save(out, result_file)
+    jobs = {impl: load_config(None, [*base, f"comm.small_reduce={impl}"]) for impl in ("nccl", "symm_mem")}
+    gloo_runs(rank, world, jobs, lambda trainer: [trainer.train_step() for _ in range(3)], result_file)
 
 
 def test_trainer_agreement_with_symm_mem_setting_on_gloo(tmp_path):

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from launch.envnames import documented_nccl
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -19,11 +21,7 @@ PY = sys.executable
 # one (Debian's 0.9.0) reports SC2317 for functions that only a trap calls.
 _VENV_SHELLCHECK = Path(PY).parent / "shellcheck"
 SHELLCHECK = str(_VENV_SHELLCHECK) if _VENV_SHELLCHECK.exists() else shutil.which("shellcheck")
-DOCUMENTED_NCCL = frozenset(
-    line.strip()
-    for line in (HERE / "nccl_documented_env.txt").read_text().splitlines()
-    if line.strip() and not line.startswith("#")
-)
+DOCUMENTED_NCCL = documented_nccl()  # launch/nccl_documented_env.txt, the one list
 
 SHELL_BACKENDS = ("torchrun", "docker", "slurm")
 
@@ -45,16 +43,6 @@ def run_inproc(argv: list[str], env: dict | None = None) -> tuple[int, str, str]
             else:
                 os.environ[key] = value
     return rc, out.getvalue(), err.getvalue()
-
-
-def load_script(name: str):
-    """A developer script under scripts/ (not a package), e.g. ``render_examples``."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def render(argv: list[str]) -> str:

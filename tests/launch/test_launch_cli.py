@@ -43,12 +43,14 @@ def _cpu_seconds(cmd) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def test_rendering_never_imports_torch():
+def test_rendering_never_imports_torch_or_train():
+    # the run-time side of tests/test_architecture.py's static rule (no `import torch/train` in launch/)
     code = (
         "import sys; from launch.cli import main; "
         "rc = main(['k8s','--profile','h100','--nnodes','2','--fabric','infiniband']); "
         "rc |= main(['slurm','--profile','b200']); "
-        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'train'], 'train imported'; sys.exit(rc)"
     )
     proc = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from testlib import FSDP, full_state, load_job, spawn
+from testlib import FSDP, full_state, gloo_trainer, load_job, spawn
 
 STEPS = ["train.steps=6"]
 
@@ -48,11 +48,8 @@ def _resume_and_compare(trainer, out: Path, step: int) -> None:
 def _fsdp_worker(rank, world, out, resume_at):
     """2 FSDP ranks. ``resume_at=None``: train 2 steps with activation checkpointing and
     save; else resume (no AC), compare with what the saver recorded."""
-    from train.distributed import DistInfo
-    from train.trainer import Trainer
-
     job = load_job(FSDP + STEPS + ([] if resume_at else ["parallel.ac=full"]))
-    trainer = Trainer(job, DistInfo(rank, rank, world, torch.device("cpu"), "gloo"), out, resume=bool(resume_at))
+    trainer = gloo_trainer(job, rank, world, out, resume=bool(resume_at))
     if resume_at:
         _resume_and_compare(trainer, out, resume_at)
         loss, _, _ = trainer.train_step()  # and it trains on

@@ -10,12 +10,11 @@ goes to ~/.cache/hopper-train/inductor unless TORCHINDUCTOR_CACHE_DIR is set."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
-from testlib import FSDP, load_job, spawn
+from testlib import FSDP, gloo_runs, load_job, spawn
 
 TP = FSDP + ["parallel.tp=2", "train.batch_size=8", "model.n_layers=1", "train.steps=2",
            "parallel.compile_backend=aot_eager"]
@@ -25,24 +24,18 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
 
 
-def _worker(rank, world, result_file):
-    from train.distributed import DistInfo
-    from train.trainer import Trainer
+def _measure(trainer) -> tuple:
+    names = [n for n, _ in trainer.par.model.named_parameters()]
+    trainer.forward_backward()
+    grads = _grads(trainer.par.model)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    losses = [trainer.train_step()[0] for _ in range(2)]
+    return names, grads, losses
 
-    info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
-    runs = {}
-    for compiled in (False, True):
-        trainer = Trainer(load_job(TP + [f"parallel.compile={str(compiled).lower()}"]), info,
-                          Path(tempfile.mkdtemp()))
-        names = [n for n, _ in trainer.par.model.named_parameters()]
-        trainer.forward_backward()
-        grads = _grads(trainer.par.model)
-        trainer.optimizer.zero_grad(set_to_none=True)
-        losses = [trainer.train_step()[0] for _ in range(2)]
-        runs[compiled] = (names, grads, losses)
-        trainer.metrics.close()
-    if rank == 0:
-        torch.save(runs, result_file)
+
+def _worker(rank, world, result_file):
+    jobs = {compiled: load_job(TP + [f"parallel.compile={str(compiled).lower()}"]) for compiled in (False, True)}
+    gloo_runs(rank, world, jobs, _measure, result_file)
 
 
 def test_compiled_tp_blocks_match_eager(tmp_path):

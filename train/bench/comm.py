@@ -275,7 +275,7 @@ def _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iter
                 out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> dict:
     """Every argument checked before any process group exists (ValueError: usage error)."""
     from train.bench.latency import parse_impls
-    from train.bench.report import check_report
+    from train.bench.report import check_report, choice_list
 
     check_report(out_dir, name)
     impls = parse_impls(impl) if impl is not None else []
@@ -284,12 +284,7 @@ def _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iter
         raise ValueError("--ops: empty list")
     for o in op_list:
         bus_factor(o, 2)
-    dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
-    if not dtype_list:
-        raise ValueError("--dtype: empty list")
-    for d in dtype_list:
-        if d not in DTYPES:
-            raise ValueError(f"--dtype: unknown {d!r} (known: {', '.join(DTYPES)})")
+    dtype_list = choice_list(dtypes, "--dtype", DTYPES)
     lo, hi = ("4K", "4M") if impls else ("8", "1G")
     sizes = size_range(parse_size(min_bytes or lo), parse_size(max_bytes or hi), factor)
     if warmup < 1 or iters < 1 or max_seconds <= 0:

@@ -27,13 +27,9 @@ COLUMN_IMPLS = {"nccl": ("nccl",), "symm_mem": ("one_shot", "two_shot")}
 
 
 def parse_impls(text: str) -> list[str]:
-    impls = [t.strip() for t in text.split(",") if t.strip()]
-    if not impls:
-        raise ValueError("--impl: empty list")
-    for impl in impls:
-        if impl not in IMPL_CHOICES:
-            raise ValueError(f"--impl: unknown {impl!r} (valid: {', '.join(IMPL_CHOICES)})")
-    return list(dict.fromkeys(impls))
+    from train.bench.report import choice_list
+
+    return list(dict.fromkeys(choice_list(text, "--impl", IMPL_CHOICES, "valid")))
 
 
 def columns(impls: list[str]) -> list[str]:

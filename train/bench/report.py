@@ -1,5 +1,6 @@
 """Benchmark output shared by every ``train bench`` command: a printed Markdown table,
-``NAME.json`` (all rows), ``NAME.md`` (the table) and ``NAME.png`` (a chart)."""
+``NAME.json`` (all rows), ``NAME.md`` (the table) and ``NAME.png`` (a chart); and the
+check of a comma-separated option (``choice_list``) the commands share."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ from typing import Any, Sequence
 from launch.safety import atomic_write, check_output_target, excerpt
 
 log = logging.getLogger(__name__)
+
+
+def choice_list(text: str, option: str, choices, word: str = "known") -> list[str]:
+    """``a,b`` -> ``["a", "b"]``; ValueError (a usage error) when empty or an item is not a choice."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{option}: empty list")
+    for item in items:
+        if item not in choices:
+            raise ValueError(f"{option}: unknown {item!r} ({word}: {', '.join(choices)})")
+    return items
 
 
 def have_matplotlib() -> bool:

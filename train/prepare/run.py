@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from launch.safety import atomic_write
 from train.errors import PrepareError
 from train.prepare.tokenizer import load_tokenizer
 from train.prepare.units import Unit, plan_units
@@ -142,9 +143,7 @@ def _claim_parts(parts: Path, plan: dict) -> None:
                                "or options; remove it or choose another --out")
         return
     parts.mkdir(parents=True, exist_ok=True)
-    tmp = plan_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(plan))
-    os.replace(tmp, plan_file)
+    atomic_write(plan_file, json.dumps(plan), what="--out")
 
 
 def _tokenize(units: list[Unit], todo: list[int], parts: Path, job: tuple, tok_json: str, workers: int):
@@ -195,9 +194,7 @@ def _merge(parts: Path, count: int, out: Path, num_tokens: int, dtype: str) -> N
 
 def _write_meta(meta_path: Path, meta: dict) -> None:
     """OUT.json, written last: it is the commit point of a preparation."""
-    tmp_meta = meta_path.with_name(f".{meta_path.name}.tmp{os.getpid()}")
-    tmp_meta.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp_meta, meta_path)
+    atomic_write(meta_path, json.dumps(meta, indent=1), what="--out")
 
 
 class _ProgressBar:
