@@ -54,9 +54,18 @@ def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
     process group already initialised; re-raises the first failure."""
     import torch.multiprocessing as mp
 
+    import time
+
     port = free_port()
-    mp.start_processes(_entry, args=(fn, world_size, port, args), nprocs=world_size, join=True,
-                       start_method="spawn")
+    ctx = mp.start_processes(_entry, args=(fn, world_size, port, args), nprocs=world_size, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+        if time.monotonic() > deadline:  # a rank hung (e.g. in a collective whose peer died)
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()
+            raise TimeoutError(f"spawn({fn.__name__}): {world_size} ranks still running after {timeout:g} s")
 
 
 def _entry(rank: int, fn, world_size: int, port: int, args) -> None:

@@ -62,7 +62,7 @@ def test_doctor_reports_cpu_only_machine_and_exits_0():
 
 
 def test_doctor_profile_gives_a_recommendation():
-    res = CliRunner().invoke(doctor, ["--json", "--profile", "h100", "--preset", "8b", "--seq", "8192", "--batch", "1"])
+    res = CliRunner().invoke(doctor, ["--json", "--profile", "h100", "--preset", "8b", "--seq", "8192", "--batch", "2"])
     report = json.loads(res.stdout)
     mem = report["memory"]
     assert mem["gpus"] == 8 and mem["gpu_memory_gib"] == 80.0 and mem["source"].startswith("profile h100")

@@ -169,6 +169,7 @@ class Plan:
     fused_norm: bool = True  # CUDA: fused rms_norm saves input + rstd; CPU saves the output too
     loss_parallel: bool = False  # TP: logits stay sharded over the vocabulary (parallel.loss_parallel)
     norm_fp32: bool = True  # CUDA autocast runs rms_norm in fp32 (torch >= 2.12; see norm_fp32_in_autocast)
+    kv_repeated: bool = False  # K/V repeated to the query heads (no GQA kernel: see parallel.attention.native_gqa_kernel)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -268,7 +269,7 @@ def block_activation_bytes(cfg: ModelConfig, batch: int, seq: int, plan: Plan = 
         + 2 * 4 / t  # rstd
         + (3 if casts else 1) * c * d  # input(s) of wq, wk, wv (full size under SP)
         + (2 if casts else 1) * c * d  # input(s) of w1, w3
-        + 2 * c * (h + kv) * hd / t  # q and attention output at h heads, k and v at kv heads (enable_gqa)
+        + 2 * c * (h + (h if plan.kv_repeated else kv)) * hd / t  # q, output at h heads; k, v at kv heads (enable_gqa)
         + 4 * c * f / t  # SwiGLU: w1 out, w3 out, silu, product
     )
     return int(round(tokens * per_token)) + 4 * batch * h * seq // t  # + logsumexp

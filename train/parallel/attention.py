@@ -45,10 +45,24 @@ def sdpa_backend(name: str, device: torch.device) -> contextlib.AbstractContextM
     return sdpa_kernel(backends[name])
 
 
+def native_gqa_kernel(device_type: str, torch_version: str = torch.__version__) -> bool:
+    """Whether SDPA has a grouped-query kernel here. torch 2.7's CPU SDPA has none:
+    ``enable_gqa=True`` falls back to the math backend, which materialises the s x s scores
+    (measured: torch 2.7.1 CPU; 2.10.0 and 2.13.0 CPU keep K/V unrepeated in the flash
+    kernel). There ``sdpa_gqa=native`` repeats K/V instead. CUDA kernels take GQA natively."""
+    if device_type != "cpu":
+        return True
+    parts = torch_version.split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 10)
+    except (IndexError, ValueError):
+        return True
+
+
 def attention_context(pcfg, device: torch.device, model) -> contextlib.AbstractContextManager:
     """Apply ``parallel.sdpa_gqa`` to ``model`` (once; idempotent) and return the
     ``parallel.sdpa_backend`` context for a micro-step's forward and backward."""
-    native = pcfg.sdpa_gqa == "native"
+    native = pcfg.sdpa_gqa == "native" and native_gqa_kernel(device.type)
     if getattr(model, "_native_gqa", None) is not native:
         from train.models.llama import Attention
 
