@@ -46,7 +46,7 @@ FSDP2 with bf16 params makes the residual stream bf16. torch >= 2.12 autocast ru
 rms_norm in fp32 anyway (an fp32 copy of the input is saved, the formula above holds);
 torch <= 2.11 runs it in bf16: the norm saves its bf16 input and the three (two)
 projections share one bf16 input, ``T (4d/t + 2 c d + 4 c d/t + 4 c f/t)``
-(``Plan.norm_fp32``, from :func:`norm_fp32_in_autocast`).
+(``Plan.norm_fp32``, from :func:`train.compat.rms_norm_fp32_in_autocast`).
 
 Head: final norm input (fp32) + rstd + the bf16 input of the output projection +
 ``log_softmax`` output (fp32, ``4 T V``) + input and target token ids (int64).
@@ -143,15 +143,6 @@ def _is_linear(name: str) -> bool:
     return name.endswith("weight") and ("attention.w" in name or "feed_forward.w" in name or name == "output.weight")
 
 
-def norm_fp32_in_autocast(torch_version: str) -> bool:
-    """torch 2.12 put ``rms_norm`` on CUDA autocast's fp32 list: with bf16 inputs (FSDP2
-    bf16 params) it then saves an fp32 copy and each linear casts the fp32 output back."""
-    parts = torch_version.split("+")[0].split(".")
-    try:
-        return (int(parts[0]), int(parts[1])) >= (2, 12)
-    except (IndexError, ValueError):
-        return True
-
 
 # ----------------------------------------------------------------------------- layouts
 
@@ -168,7 +159,7 @@ class Plan:
     precision: str = "bf16"  # bf16 (autocast, fp32 master weights) | fp32
     fused_norm: bool = True  # CUDA: fused rms_norm saves input + rstd; CPU saves the output too
     loss_parallel: bool = False  # TP: logits stay sharded over the vocabulary (parallel.loss_parallel)
-    norm_fp32: bool = True  # CUDA autocast runs rms_norm in fp32 (torch >= 2.12; see norm_fp32_in_autocast)
+    norm_fp32: bool = True  # CUDA autocast runs rms_norm in fp32 (torch >= 2.12; see train.compat)
     kv_repeated: bool = False  # K/V repeated to the query heads (no GQA kernel: see parallel.attention.native_gqa_kernel)
 
     def __post_init__(self) -> None:

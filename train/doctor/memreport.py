@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from train.compat import rms_norm_fp32_in_autocast
 from train.doctor.memory import (
     USABLE_FRACTION,
     GiB,
     Plan,
     estimate,
-    norm_fp32_in_autocast,
     param_count,
 )
 from train.doctor.planning import recommend
@@ -23,7 +23,7 @@ def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int 
     """The estimate of every candidate layout and the recommended one, for ``gpus`` GPUs
     of ``gpu_bytes`` each (None: unknown, no recommendation)."""
     cfg = MODEL_PRESETS[preset]
-    rec = recommend(cfg, seq, batch, gpus, gpu_bytes, norm_fp32=norm_fp32_in_autocast(torch_version))
+    rec = recommend(cfg, seq, batch, gpus, gpu_bytes, norm_fp32=rms_norm_fp32_in_autocast(torch_version))
     return {
         "preset": preset,
         "params": param_count(cfg),
@@ -76,7 +76,7 @@ def measure_step_peak(preset: str, seq: int, batch: int, ac: str = "none", steps
         del trainer
     gc.collect()
     torch.cuda.empty_cache()
-    plan = Plan("single", 1, ac=ac, norm_fp32=norm_fp32_in_autocast(torch.__version__))
+    plan = Plan("single", 1, ac=ac, norm_fp32=rms_norm_fp32_in_autocast(torch.__version__))
     est = estimate(job.model, batch, seq, plan)
     return {
         "preset": preset, "seq": seq, "batch": batch, "ac": ac, "steps": steps,

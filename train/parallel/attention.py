@@ -23,6 +23,7 @@ import contextlib
 
 import torch
 
+from train.compat import cpu_sdpa_has_gqa_kernel
 from train.errors import ConfigError
 
 _CUDA_ONLY = ("cudnn", "efficient")
@@ -46,17 +47,10 @@ def sdpa_backend(name: str, device: torch.device) -> contextlib.AbstractContextM
 
 
 def native_gqa_kernel(device_type: str, torch_version: str = torch.__version__) -> bool:
-    """Whether SDPA has a grouped-query kernel here. torch 2.7's CPU SDPA has none:
-    ``enable_gqa=True`` falls back to the math backend, which materialises the s x s scores
-    (measured: torch 2.7.1 CPU; 2.10.0 and 2.13.0 CPU keep K/V unrepeated in the flash
-    kernel). There ``sdpa_gqa=native`` repeats K/V instead. CUDA kernels take GQA natively."""
-    if device_type != "cpu":
-        return True
-    parts = torch_version.split("+")[0].split(".")
-    try:
-        return (int(parts[0]), int(parts[1])) >= (2, 10)
-    except (IndexError, ValueError):
-        return True
+    """Whether SDPA has a grouped-query kernel here (CUDA kernels do; CPU from torch 2.10,
+    see :func:`train.compat.cpu_sdpa_has_gqa_kernel`). Where it has none,
+    ``sdpa_gqa=native`` repeats K/V instead."""
+    return device_type != "cpu" or cpu_sdpa_has_gqa_kernel(torch_version)
 
 
 def attention_context(pcfg, device: torch.device, model) -> contextlib.AbstractContextManager:
