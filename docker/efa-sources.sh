@@ -23,6 +23,14 @@ source "$REPO/docker/efa-versions.env"
 
 die() { printf 'efa-sources.sh: %s\n' "$*" >&2; exit 2; }
 
+# record NAME LINE: OUT/SOURCES gets LINE as NAME's one line
+record() {
+    touch "$OUT/SOURCES"
+    grep -v "^$1 " "$OUT/SOURCES" >"$OUT/SOURCES.new" || true
+    printf '%s\n' "$2" >>"$OUT/SOURCES.new"
+    mv "$OUT/SOURCES.new" "$OUT/SOURCES"
+}
+
 # vendored NAME TAG COMMIT TARBALL: copy docker/efa-src's tarball when its SOURCES line names
 # this pin and its sha256 matches (the repository carries them: CI reaches no GitHub)
 vendored() {
@@ -33,10 +41,7 @@ vendored() {
     sha=$(cut -d' ' -f4 <<<"$line")
     [[ $(sha256sum "$src" | cut -d' ' -f1) == "$sha" ]] || die "$src does not match its sha256 in docker/efa-src/SOURCES"
     cp "$src" "$tarball"
-    touch "$OUT/SOURCES"
-    grep -v "^$name " "$OUT/SOURCES" >"$OUT/SOURCES.new" || true
-    printf '%s (vendored: docker/efa-src)\n' "$line" >>"$OUT/SOURCES.new"
-    mv "$OUT/SOURCES.new" "$OUT/SOURCES"
+    record "$name" "$line (vendored: docker/efa-src)"
     echo "vendored: $tarball"
 }
 
@@ -68,11 +73,7 @@ fetch() {
     printf '%s\n' "${tag#v}" >"$tmp/$name-${tag#v}/.release_version"
     tar -C "$tmp" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -czf "$tarball" "$name-${tag#v}"
     rm -rf "$tmp"
-    touch "$OUT/SOURCES"
-    grep -v "^$name " "$OUT/SOURCES" >"$OUT/SOURCES.new" || true
-    printf '%s %s %s %s %s\n' "$name" "$tag" "$commit" "$(sha256sum "$tarball" | cut -d' ' -f1)" "$origin" \
-        >>"$OUT/SOURCES.new"
-    mv "$OUT/SOURCES.new" "$OUT/SOURCES"
+    record "$name" "$name $tag $commit $(sha256sum "$tarball" | cut -d' ' -f1) $origin"
     echo "wrote: $tarball ($origin)"
 }
 
