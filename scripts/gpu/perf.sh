@@ -17,6 +17,9 @@
 #                                           text, bf16 vs FP8 tensorwise (final losses).
 #   PART=h100    bash scripts/gpu/perf.sh   1 GPU (H100), ~7 min: the two 1b single-GPU points,
 #                                           both sides, one after the other.
+#   PART=profile bash scripts/gpu/perf.sh   1 GPU, ~6 min: GPU time by kernel category (GEMM, attention,
+#                                           Triton, optimizer, copies, idle) of torchtitan and ours,
+#                                           1b bf16 and FP8 tensorwise (scripts/gpu/kernel_profile.py).
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -161,6 +164,28 @@ part_gputests() {
   tail -3 "$W/gputests.log" | tee -a "$LOG"
 }
 
+profiled() {  # SIDE NAME LIMIT ARGS...: SIDE=titan|ours under scripts/gpu/kernel_profile.py on GPU 0
+  local side=$1 name=$2 limit
+  if ! limit=$(capped "$3"); then note "profile $name skipped: BUDGET_S=$BUDGET_S spent"; return; fi
+  shift 3
+  local prog=(-- "${STEP[@]}" --name "$name")
+  local pp="${PYTHONPATH:-}"
+  if [ "$side" = titan ]; then prog=(-- "$TT/titan_bench.py" --out "$W/titan_$name.json"); pp="$TT/torchtitan-src:$pp"; fi
+  PYTHONPATH="$pp" TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/prof-$name" CUDA_VISIBLE_DEVICES=0 \
+    timeout -k 10 "$limit" "${TRUN[@]}" --nproc-per-node 1 "$(dirname "$0")/kernel_profile.py" --out "$W" \
+    --name "kp_$name" --skip 10 --active 3 "${prog[@]}" "$@" >"$W/kp_$name.log" 2>&1 \
+    || note "profile $name failed (exit $?); see kp_$name.log"
+  note "profile $name done"
+}
+
+part_profile() {
+  note "profile: kernel time by category, 1b on one GPU, torchtitan and ours, bf16 then FP8 tensorwise"
+  profiled titan titan_1b_bf16 200 "${P1B[@]}" --fp8 none
+  profiled ours ours_1b_bf16 200 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+  profiled titan titan_1b_fp8 160 "${P1B[@]}" --fp8 tensorwise
+  profiled ours ours_1b_fp8 160 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -207,8 +232,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 

@@ -1,0 +1,180 @@
+"""GPU time by kernel category for any training program, ours or torchtitan's, unmodified.
+
+    torchrun --standalone --nproc-per-node 1 scripts/gpu/kernel_profile.py --out DIR --name NAME \
+        [--skip 8] [--active 3] -- -m train bench step --device cuda ...
+    torchrun ... scripts/gpu/kernel_profile.py --out DIR --name NAME -- .titan/titan_bench.py --preset 1b ...
+
+The program runs in this process (``runpy``) under ``torch.profiler``; a global optimizer
+step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) advances the
+profiler's schedule once per training step, so the window is ``--active`` whole steps after
+``--skip`` steps (compile, autotuning and allocator warm-up stay outside). Each rank writes
+``DIR/NAME.rank{R}.json``: per step, the wall time of the window, the time some kernel was
+running (busy), and the kernel time per category (GEMM, attention, NCCL, optimizer, Triton
+(Inductor's fused kernels), copy/cast/elementwise, other), plus the top kernels. Rank 0 also
+prints it as a table. The Chrome trace itself is deleted (hundreds of MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import runpy
+import sys
+import tempfile
+from pathlib import Path
+
+CATEGORIES = (  # first match wins
+    ("nccl", re.compile(r"nccl", re.I)),
+    ("attention", re.compile(r"cudnn|flash|fmha|attention|sdpa", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|cublas|matmul|splitk|s16816|sm90_", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor_apply|_foreach|FusedOptimizer", re.I)),
+    ("triton", re.compile(r"^triton_", re.I)),
+    ("copy_cast_elementwise", re.compile(r"copy|cast|elementwise|vectorized|unrolled|reduce_kernel|fill|Cat|index",
+                                         re.I)),
+)
+
+
+def category(name: str) -> str:
+    for cat, pattern in CATEGORIES:
+        if pattern.search(name):
+            return cat
+    return "other"
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def breakdown(trace: dict, steps: int, top: int = 25) -> dict:
+    """Per-step kernel times (ms) from a torch.profiler Chrome trace of ``steps`` steps."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    if not kernels:
+        return {"error": "no CUDA kernels in the window"}
+    start = min(e["ts"] for e in kernels)
+    end = max(e["ts"] + e["dur"] for e in kernels)
+    by_cat: dict[str, float] = {}
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        c = category(e["name"])
+        by_cat[c] = by_cat.get(c, 0.0) + e["dur"]
+        slot = by_name.setdefault(e["name"], [0.0, 0, c])
+        slot[0] += e["dur"]
+        slot[1] += 1
+    busy = _union_length([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
+    per = 1e3 * steps
+    return {
+        "steps": steps,
+        "profiler_steps_marked": len(marks),
+        "window_ms_per_step": (end - start) / per,
+        "busy_ms_per_step": busy / per,
+        "kernel_ms_per_step": sum(by_cat.values()) / per,
+        "category_ms_per_step": {k: v / per for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "category": c, "ms_per_step": t / per, "calls_per_step": k / steps}
+                        for n, (t, k, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]],
+    }
+
+
+def table(name: str, b: dict) -> str:
+    if "error" in b:
+        return f"{name}: {b['error']}"
+    lines = [f"## {name}: {b['steps']} steps; per step: window {b['window_ms_per_step']:.2f} ms, "
+             f"GPU busy {b['busy_ms_per_step']:.2f} ms, kernels {b['kernel_ms_per_step']:.2f} ms",
+             "| category | ms/step | share of busy |", "|---|---|---|"]
+    for cat, ms in b["category_ms_per_step"].items():
+        lines.append(f"| {cat} | {ms:.2f} | {100 * ms / b['busy_ms_per_step']:.1f}% |")
+    lines += ["", "| kernel | category | ms/step | calls/step |", "|---|---|---|---|"]
+    for k in b["top_kernels"]:
+        lines.append(f"| `{k['name'][:90]}` | {k['category']} | {k['ms_per_step']:.2f} | {k['calls_per_step']:.0f} |")
+    return "\n".join(lines)
+
+
+class StepProfiler:
+    """torch.profiler over ``active`` optimizer steps after ``skip``; one hook, one optimizer counted."""
+
+    def __init__(self, out: Path, name: str, skip: int, active: int):
+        import torch
+
+        self.out, self.name, self.active = out, name, active
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.owner = None
+        self.done = False
+        sched = torch.profiler.schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1)
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        self.prof = torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=self._ready)
+        self.prof.start()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(self._hook)
+
+    def _hook(self, optimizer, *_args, **_kwargs) -> None:
+        # an optimizer container (torchtitan's) and its members may both fire: count one object
+        if self.owner is None:
+            self.owner = id(optimizer)
+        if id(optimizer) == self.owner and not self.done:
+            self.prof.step()
+
+    def _ready(self, prof) -> None:
+        self.done = True
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            b = breakdown(json.loads(path.read_text()), self.active)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"{self.name}.rank{self.rank}.json").write_text(json.dumps(b, indent=1))
+        if self.rank == 0:
+            text = table(self.name, b)
+            (self.out / f"{self.name}.md").write_text(text + "\n")
+            print(text, flush=True)
+
+    def stop(self) -> None:
+        if not self.done:
+            self.prof.stop()
+            if not self.done and self.rank == 0:
+                print(f"kernel_profile {self.name}: the program ended before the window closed", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        print("kernel_profile: usage: kernel_profile.py --out DIR --name NAME [--skip N] [--active N] "
+              "-- (-m MODULE | SCRIPT) ARGS...", file=sys.stderr)
+        return 2
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="kernel_profile.py")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--skip", type=int, default=8, help="optimizer steps before the profiler's warm-up step")
+    p.add_argument("--active", type=int, default=3, help="optimizer steps recorded")
+    args = p.parse_args(argv[:cut])
+    target = argv[cut + 1:]
+    if not target or (target[0] == "-m" and len(target) < 2):
+        print("kernel_profile: nothing to run after --", file=sys.stderr)
+        return 2
+    prof = StepProfiler(args.out, args.name, args.skip, args.active)
+    code = 0
+    try:
+        if target[0] == "-m":
+            sys.argv = [target[1], *target[2:]]
+            runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(target)
+            sys.path.insert(0, str(Path(target[0]).resolve().parent))
+            runpy.run_path(target[0], run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        prof.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
