@@ -69,6 +69,9 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    # fused AdamW (CUDA) applies the clip inside its kernel (grad_scale) instead of a separate
+    # in-place pass over every gradient; off: torch's clip_grad_norm_ then the step (train/optim.py)
+    clip_in_step: bool = False
 
     def validate(self) -> None:
         if self.lr <= 0:

@@ -8,7 +8,7 @@ import torch
 
 
 def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on norms and 1-D parameters; fused kernel on CUDA."""
+    """AdamW; no weight decay on norms and 1-D parameters; fused kernel on CUDA (and with ``optim.clip_in_step``)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -17,10 +17,26 @@ def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    # optim.clip_in_step needs the fused kernel's grad_scale: fused on the CPU too then
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-        fused=device.type == "cuda",
+        fused=device.type == "cuda" or cfg.clip_in_step,
     )
+
+
+def clip_in_step(optimizer: torch.optim.Optimizer, cfg, scaler, par) -> bool:
+    """Whether the gradient clip goes into the optimizer's kernel (``optim.clip_in_step``): only
+    torch's fused AdamW takes a ``grad_scale`` (it divides every gradient by it), and only when
+    no GradScaler (fp16) claims that slot and the parallel setup clips with torch's norm."""
+    fused = all(g.get("fused") for g in optimizer.param_groups)
+    return bool(cfg.clip_in_step and cfg.grad_clip > 0 and fused and scaler is None and par.clip_grad_norm is None)
+
+
+def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The fused AdamW ``grad_scale`` that clips: every gradient is divided by
+    max(1, (norm + 1e-6) / max_norm), i.e. multiplied by torch's clip coefficient
+    ``clamp(max_norm / (norm + 1e-6), max=1)`` (``clip_grads_with_norm_``)."""
+    return torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:

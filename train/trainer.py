@@ -24,7 +24,7 @@ from train.hardware import peak_bf16_tflops
 from train.loss import head_args, loss_from
 from train.metrics import MetricsLogger, ProgressBar, StepTimer, mfu, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
-from train.optim import build_optimizer, build_scheduler
+from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step
 from train.parallel import ParallelDims, Parallelized, parallelize
 from train.parallel.attention import attention_context
 from train.precision import amp
@@ -106,6 +106,7 @@ class Trainer:
         decay = job.optim.decay_steps or job.train.steps
         self.scheduler = build_scheduler(self.optimizer, job.optim, decay)
         self.scaler = amp.grad_scaler(self.precision, self.device)
+        self.clip_in_step = clip_in_step(self.optimizer, job.optim, self.scaler, self.par)
         self.accum = grad_accum_steps(job, self.par.dp_world)
         self.loader = build_loader(
             job.data, job.train.seq_len, job.train.batch_size,
@@ -208,12 +209,13 @@ class Trainer:
             loss_sum += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
         return loss_sum
 
-    def _agree(self, loss: torch.Tensor, nonfinite: bool) -> tuple[float, bool, bool]:
-        """One small all-reduce per step: mean loss, any rank non-finite, any rank preempted,
-        and (async checkpoints) whether every rank's background write has finished."""
+    def _agree(self, loss: torch.Tensor, nonfinite: torch.Tensor) -> tuple[float, bool, bool]:
+        """One small all-reduce per step: mean loss, any rank non-finite (a device tensor, so
+        that the gradient norm is never waited for on its own), any rank preempted, and (async
+        checkpoints) whether every rank's background write has finished."""
         vec = torch.stack([
             loss.float(),
-            torch.tensor(float(nonfinite), device=self.device),
+            nonfinite.to(device=self.device, dtype=torch.float32),
             torch.tensor(float(self.preemption.requested), device=self.device),
             torch.tensor(float(self.checkpointer.ready()), device=self.device),
         ])
@@ -238,16 +240,25 @@ class Trainer:
             # On CUDA the host blocks at the first .item() after the collectives were queued:
             # that is where a hung gradient all_reduce is seen, so it is inside the context too.
             with tdist.collective("all_reduce (gradient buckets / gradient norm)"):
-                grad_norm = self.par.clip_grads(self.job.optim.grad_clip)
+                if self.clip_in_step:  # the fused AdamW kernel scales the gradients (train/optim.py)
+                    grad_norm = self.par.grad_norm()
+                else:
+                    grad_norm = self.par.clip_grads(self.job.optim.grad_clip)
                 # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
-                norm_bad = self.scaler is None and not torch.isfinite(grad_norm).item()
-            mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
+                # A device tensor: it rides on the agreement all-reduce, one host sync per step.
+                norm_bad = (~torch.isfinite(grad_norm) if self.scaler is None
+                            else torch.zeros((), dtype=torch.bool, device=grad_norm.device))
+                mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
             if nonfinite:
                 self._handle_nonfinite(mean_loss, float(grad_norm))
             else:
                 if self.scaler is not None:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()
+                elif self.clip_in_step:
+                    self.optimizer.grad_scale = clip_divisor(grad_norm, self.job.optim.grad_clip)
+                    self.optimizer.step()
+                    del self.optimizer.grad_scale
                 else:
                     self.optimizer.step()
                 self.scheduler.step()

@@ -8,9 +8,10 @@ The program runs in this process (``runpy``) under ``torch.profiler``; a global 
 step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) advances the
 profiler's schedule once per training step, so the window is ``--active`` whole steps after
 ``--skip`` steps (compile, autotuning and allocator warm-up stay outside). Each rank writes
-``DIR/NAME.rank{R}.json``: per step, the wall time of the window, the time some kernel was
-running (busy), and the kernel time per category (GEMM, attention, NCCL, optimizer, Triton
-(Inductor's fused kernels), copy/cast/elementwise, other), plus the top kernels. Rank 0 also
+``DIR/NAME.rank{R}.json``: per step, the wall time of the window, the time some kernel or
+copy was running (busy), the GPU idle time by what the training thread was doing meanwhile,
+and the kernel time per category (GEMM, attention, NCCL, optimizer, Triton (Inductor's fused
+kernels), copy/cast/elementwise, other), plus the top kernels. Rank 0 also
 prints it as a table. The Chrome trace itself is deleted (hundreds of MB).
 """
 
@@ -53,15 +54,51 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+CPU_CATS = ("cpu_op", "user_annotation", "python_function")
+
+
+def _gaps(intervals: list[tuple[float, float]], min_us: float) -> list[tuple[float, float]]:
+    """The holes of the union of ``intervals`` that last at least ``min_us``."""
+    out, end = [], None
+    for s, e in sorted(intervals):
+        if end is not None and s - end >= min_us:
+            out.append((end, s))
+        end = e if end is None else max(end, e)
+    return out
+
+
+def idle_causes(events: list[dict], gpu: list[dict], steps: int, top: int = 15, min_us: float = 20.0) -> list[dict]:
+    """GPU idle gaps (>= ``min_us``) by what the training thread was doing meanwhile: the chain of
+    CPU ranges (record_function phases, ops) open at the gap's midpoint, outermost first."""
+    marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    if not marks:
+        return []
+    tid = marks[0].get("tid")
+    cpu = sorted((e for e in events if e.get("cat") in CPU_CATS and e.get("tid") == tid
+                  and not str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    totals: dict[str, list] = {}
+    for gs, ge in _gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu], min_us):
+        mid = (gs + ge) / 2
+        chain = [e["name"] for e in cpu if e["ts"] <= mid <= e["ts"] + e["dur"]]
+        key = " > ".join(chain[:2] + (["..."] if len(chain) > 3 else []) + chain[2:][-1:]) or "(no CPU range)"
+        slot = totals.setdefault(key[:200], [0.0, 0])
+        slot[0] += ge - gs
+        slot[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"cpu": k, "idle_ms_per_step": t / 1e3 / steps, "gaps_per_step": n / steps} for k, (t, n) in ranked]
+
+
 def breakdown(trace: dict, steps: int, top: int = 25) -> dict:
     """Per-step kernel times (ms) from a torch.profiler Chrome trace of ``steps`` steps."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    kernels = [e for e in events if e.get("cat") == "kernel"]
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    kernels = [e for e in gpu if e.get("cat") == "kernel"]
     marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     if not kernels:
         return {"error": "no CUDA kernels in the window"}
-    start = min(e["ts"] for e in kernels)
-    end = max(e["ts"] + e["dur"] for e in kernels)
+    start = min(e["ts"] for e in gpu)
+    end = max(e["ts"] + e["dur"] for e in gpu)
     by_cat: dict[str, float] = {}
     by_name: dict[str, list] = {}
     for e in kernels:
@@ -70,7 +107,10 @@ def breakdown(trace: dict, steps: int, top: int = 25) -> dict:
         slot = by_name.setdefault(e["name"], [0.0, 0, c])
         slot[0] += e["dur"]
         slot[1] += 1
-    busy = _union_length([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
+    for e in gpu:
+        if e.get("cat") != "kernel":
+            by_cat["memcpy_memset"] = by_cat.get("memcpy_memset", 0.0) + e["dur"]
+    busy = _union_length([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
     per = 1e3 * steps
     return {
         "steps": steps,
@@ -78,6 +118,8 @@ def breakdown(trace: dict, steps: int, top: int = 25) -> dict:
         "window_ms_per_step": (end - start) / per,
         "busy_ms_per_step": busy / per,
         "kernel_ms_per_step": sum(by_cat.values()) / per,
+        "idle_ms_per_step": (end - start - busy) / per,
+        "idle_causes": idle_causes(events, gpu, steps),
         "category_ms_per_step": {k: v / per for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": n[:160], "category": c, "ms_per_step": t / per, "calls_per_step": k / steps}
                         for n, (t, k, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]],
@@ -88,13 +130,17 @@ def table(name: str, b: dict) -> str:
     if "error" in b:
         return f"{name}: {b['error']}"
     lines = [f"## {name}: {b['steps']} steps; per step: window {b['window_ms_per_step']:.2f} ms, "
-             f"GPU busy {b['busy_ms_per_step']:.2f} ms, kernels {b['kernel_ms_per_step']:.2f} ms",
+             f"GPU busy {b['busy_ms_per_step']:.2f} ms, idle {b['idle_ms_per_step']:.2f} ms, "
+             f"kernels {b['kernel_ms_per_step']:.2f} ms",
              "| category | ms/step | share of busy |", "|---|---|---|"]
     for cat, ms in b["category_ms_per_step"].items():
         lines.append(f"| {cat} | {ms:.2f} | {100 * ms / b['busy_ms_per_step']:.1f}% |")
     lines += ["", "| kernel | category | ms/step | calls/step |", "|---|---|---|---|"]
     for k in b["top_kernels"]:
         lines.append(f"| `{k['name'][:90]}` | {k['category']} | {k['ms_per_step']:.2f} | {k['calls_per_step']:.0f} |")
+    lines += ["", "| GPU idle while the training thread was in | ms/step | gaps/step |", "|---|---|---|"]
+    for c in b["idle_causes"]:
+        lines.append(f"| `{c['cpu'][:150]}` | {c['idle_ms_per_step']:.2f} | {c['gaps_per_step']:.1f} |")
     return "\n".join(lines)
 
 
@@ -121,6 +167,12 @@ class StepProfiler:
         if self.owner is None:
             self.owner = id(optimizer)
         if id(optimizer) == self.owner and not self.done:
+            # a step's kernels run inside its window: the GPU may still be on this step's
+            # backward when the optimizer returns (torchtitan's loop does not wait there)
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self.prof.step()
 
     def _ready(self, prof) -> None:

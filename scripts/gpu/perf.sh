@@ -20,6 +20,9 @@
 #   PART=profile bash scripts/gpu/perf.sh   1 GPU, ~6 min: GPU time by kernel category (GEMM, attention,
 #                                           Triton, optimizer, copies, idle) of torchtitan and ours,
 #                                           1b bf16 and FP8 tensorwise (scripts/gpu/kernel_profile.py).
+#   PART=optstep bash scripts/gpu/perf.sh   1 GPU, ~8 min: 1b bf16 profiled, torchtitan and ours with
+#                                           optim.clip_in_step off/on; ours with Inductor's
+#                                           max-autotune-no-cudagraphs.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -186,6 +189,15 @@ part_profile() {
   profiled ours ours_1b_fp8 160 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
 }
 
+part_optstep() {
+  note "optstep: 1b bf16 on one GPU, profiled: torchtitan, ours clip_in_step off/on; ours max-autotune"
+  profiled titan titan_1b_bf16 150 "${P1B[@]}" --fp8 none
+  profiled ours ours_1b_bf16_clipsep 150 --strategy fsdp --fp8 none "${P1B[@]}" --set optim.clip_in_step=false
+  profiled ours ours_1b_bf16_clipin 150 --strategy fsdp --fp8 none "${P1B[@]}" --set optim.clip_in_step=true
+  ours 0 1 1b_bf16_maxautotune 300 --strategy fsdp --fp8 none "${P1B[@]}" \
+    --set parallel.compile_mode=max-autotune-no-cudagraphs --set optim.clip_in_step=true
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -232,8 +244,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 

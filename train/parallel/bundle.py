@@ -33,12 +33,22 @@ class Parallelized:
         """Global gradient norm of the model's parameters (DTensor-aware), clipped in place when ``max_norm`` > 0."""
         return (self.clip_grad_norm or clip_grad_norm)(list(self.model.parameters()), max_norm)
 
+    def grad_norm(self):
+        """Global gradient norm, gradients untouched (the optimizer applies the clip itself)."""
+        if self.clip_grad_norm is not None:
+            raise RuntimeError("this parallel setup computes its own gradient norm (clip_grads)")
+        return clip_grad_norm(list(self.model.parameters()), 0.0)
+
 
 def clip_grad_norm(params, max_norm: float):
-    """torch's global gradient norm (a replicated DTensor's full value); clips when ``max_norm`` > 0."""
+    """torch's global gradient norm (a replicated DTensor's full value); clips when ``max_norm`` > 0
+    (``max_norm`` <= 0: the norm alone, no pass over the gradients to scale them by 1)."""
     import torch
 
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
+    if max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return norm
