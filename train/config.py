@@ -71,7 +71,7 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     # fused AdamW (CUDA) applies the clip inside its kernel (grad_scale) instead of a separate
     # in-place pass over every gradient; off: torch's clip_grad_norm_ then the step (train/optim.py)
-    clip_in_step: bool = False
+    clip_in_step: bool = True
 
     def validate(self) -> None:
         if self.lr <= 0:

@@ -107,6 +107,8 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, job.optim, decay)
         self.scaler = amp.grad_scaler(self.precision, self.device)
         self.clip_in_step = clip_in_step(self.optimizer, job.optim, self.scaler, self.par)
+        # fused AdamW decides on the GPU whether to apply a step (found_inf): no wait before it
+        self.device_gated = self.scaler is None and all(g.get("fused") for g in self.optimizer.param_groups)
         self.accum = grad_accum_steps(job, self.par.dp_world)
         self.loader = build_loader(
             job.data, job.train.seq_len, job.train.batch_size,
@@ -209,10 +211,10 @@ class Trainer:
             loss_sum += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
         return loss_sum
 
-    def _agree(self, loss: torch.Tensor, nonfinite: torch.Tensor) -> tuple[float, bool, bool]:
-        """One small all-reduce per step: mean loss, any rank non-finite (a device tensor, so
-        that the gradient norm is never waited for on its own), any rank preempted, and (async
-        checkpoints) whether every rank's background write has finished."""
+    def _agree_start(self, loss: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
+        """Queue the one small all-reduce of the step: summed loss, any rank non-finite (a device
+        tensor: the gradient norm is never waited for on its own), any rank preempted, and (async
+        checkpoints) whether every rank's background write has finished. Read by ``_agree_read``."""
         vec = torch.stack([
             loss.float(),
             nonfinite.to(device=self.device, dtype=torch.float32),
@@ -222,12 +224,36 @@ class Trainer:
         if self.info.backend is not None:
             with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
                 vec = small_all_reduce(vec, self.job.comm.small_reduce)  # comm.small_reduce: nccl | symm_mem
-                vec[0] /= self.info.world_size
-                mean_loss, bad, stop, written = vec.tolist()
-        else:
-            mean_loss, bad, stop, written = vec.tolist()
+        return vec
+
+    def _agree_read(self, vec: torch.Tensor) -> tuple[float, bool, bool]:
+        """The host's one wait per step: (mean loss, anything non-finite, stop requested)."""
+        with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
+            total, bad, stop, written = vec.tolist()
+        mean_loss = total / self.info.world_size
         self._ckpt_written = written >= self.info.world_size
         return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0
+
+    def _device_gated_step(self, vec: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Queue the fused AdamW step before the host waits: the kernel itself skips the update
+        when the agreement says non-finite (``found_inf``; torch also takes back its step count),
+        so the optimizer's CPU work overlaps the GPU's backward instead of following a sync."""
+        opt = self.optimizer
+        opt.found_inf = ((vec[1] > 0) | ~torch.isfinite(vec[0])).float()
+        if self.clip_in_step:  # the fused AdamW kernel scales the gradients (train/optim.py)
+            opt.grad_scale = clip_divisor(grad_norm, self.job.optim.grad_clip)
+        try:
+            opt.step()
+        finally:
+            opt.__dict__.pop("grad_scale", None)
+            opt.__dict__.pop("found_inf", None)
+
+    def _host_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
 
     def train_step(self) -> tuple[float, float, bool]:
         """One optimizer step over all micro-batches; advances :attr:`step`. Returns the mean
@@ -237,30 +263,23 @@ class Trainer:
         with phase("optimizer"):  # unscale, clip (grad-norm all_reduce), agreement all_reduce, step
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
-            # On CUDA the host blocks at the first .item() after the collectives were queued:
-            # that is where a hung gradient all_reduce is seen, so it is inside the context too.
+            # On CUDA the host blocks at the first read after the collectives were queued: that
+            # is where a hung gradient all_reduce is seen, so it is inside the context too.
             with tdist.collective("all_reduce (gradient buckets / gradient norm)"):
-                if self.clip_in_step:  # the fused AdamW kernel scales the gradients (train/optim.py)
-                    grad_norm = self.par.grad_norm()
-                else:
-                    grad_norm = self.par.clip_grads(self.job.optim.grad_clip)
+                grad_norm = self.par.grad_norm() if self.clip_in_step else self.par.clip_grads(self.job.optim.grad_clip)
                 # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
-                # A device tensor: it rides on the agreement all-reduce, one host sync per step.
                 norm_bad = (~torch.isfinite(grad_norm) if self.scaler is None
                             else torch.zeros((), dtype=torch.bool, device=grad_norm.device))
-                mean_loss, nonfinite, stop = self._agree(loss, norm_bad)
+                vec = self._agree_start(loss, norm_bad)
+                if self.device_gated:
+                    self._device_gated_step(vec, grad_norm)
+                    self.optimizer.zero_grad(set_to_none=True)
+                mean_loss, nonfinite, stop = self._agree_read(vec)
             if nonfinite:
-                self._handle_nonfinite(mean_loss, float(grad_norm))
+                self._handle_nonfinite(mean_loss, float(grad_norm))  # device-gated: the update was skipped
             else:
-                if self.scaler is not None:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                elif self.clip_in_step:
-                    self.optimizer.grad_scale = clip_divisor(grad_norm, self.job.optim.grad_clip)
-                    self.optimizer.step()
-                    del self.optimizer.grad_scale
-                else:
-                    self.optimizer.step()
+                if not self.device_gated:
+                    self._host_step()
                 self.scheduler.step()
                 for hook in self.par.after_optimizer_step:
                     hook()

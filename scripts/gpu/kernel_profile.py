@@ -13,6 +13,11 @@ copy was running (busy), the GPU idle time by what the training thread was doing
 and the kernel time per category (GEMM, attention, NCCL, optimizer, Triton (Inductor's fused
 kernels), copy/cast/elementwise, other), plus the top kernels. Rank 0 also
 prints it as a table. The Chrome trace itself is deleted (hundreds of MB).
+
+With ``--memory`` it records the CUDA caching allocator's history (Python stacks) through
+step SKIP+1 instead, and reports that step's peak: bytes allocated before the step
+(parameters, optimizer state) and, for what was allocated in the step and is live at the
+peak, where (the innermost frame outside torch, and the innermost frame).
 """
 
 from __future__ import annotations
@@ -195,6 +200,113 @@ class StepProfiler:
                 print(f"kernel_profile {self.name}: the program ended before the window closed", flush=True)
 
 
+def _is_torch(filename: str) -> bool:
+    return ("/torch/" in filename and "/torchtitan/" not in filename) or filename.startswith("<") \
+        or filename.endswith(("runpy.py", "kernel_profile.py"))
+
+
+def site(frames: list[dict]) -> str:
+    """Where an allocation comes from: the innermost frame outside torch (our code, torchtitan's,
+    or an Inductor-generated module), and the innermost frame of all (frames: innermost first)."""
+    if not frames:
+        return "(no Python frame)"
+    first = frames[0]
+    own = next((f for f in frames if not _is_torch(f.get("filename", ""))), None)
+    inner = f"{Path(first.get('filename', '?')).name}:{first.get('name', '?')}"
+    if own is None or own is first:
+        return inner if own is None else f"{Path(own['filename']).name}:{own.get('line')} {own.get('name')}"
+    return f"{Path(own['filename']).name}:{own.get('line')} {own.get('name')} <- {inner}"
+
+
+def peak_composition(events: list[dict], base: int, top: int = 20) -> dict:
+    """Replays one step's allocator trace (``device_traces`` of ``torch.cuda.memory._snapshot``)
+    from ``base`` bytes allocated at its start; returns the peak and what is live there."""
+    def replay(stop: int | None):
+        live, cur, peak, at = {}, base, base, -1
+        for i, ev in enumerate(events):
+            if stop is not None and i > stop:
+                break
+            act = ev.get("action")
+            if act == "alloc":
+                live[ev["addr"]] = (ev["size"], site(ev.get("frames", [])))
+                cur += ev["size"]
+            elif act == "free_completed":
+                cur -= live.pop(ev["addr"], (ev["size"], None))[0]
+            if cur > peak:
+                peak, at = cur, i
+        return live, cur, peak, at
+
+    _, _, peak, at = replay(None)
+    live, cur, _, _ = replay(at) if at >= 0 else ({}, base, base, -1)
+    rows: dict[str, list] = {}
+    for size, where in live.values():
+        slot = rows.setdefault(where, [0, 0])
+        slot[0] += size
+        slot[1] += 1
+    in_step = sum(v[0] for v in rows.values())
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]
+    gib = 2 ** 30
+    return {"peak_gib": peak / gib, "before_step_gib": (cur - in_step) / gib, "in_step_gib": in_step / gib,
+            "peak_event": at, "events": len(events),
+            "live_at_peak": [{"site": k[:220], "gib": v[0] / gib, "blocks": v[1]} for k, v in ranked]}
+
+
+def memory_table(name: str, m: dict) -> str:
+    lines = [f"## {name}: peak {m['peak_gib']:.2f} GiB (torch max_memory_allocated {m.get('max_allocated_gib', 0):.2f}): "
+             f"{m['before_step_gib']:.2f} GiB allocated before the step (parameters, optimizer state, ...) + "
+             f"{m['in_step_gib']:.2f} GiB allocated in it",
+             "| live at the peak, allocated at | GiB | blocks |", "|---|---|---|"]
+    lines += [f"| `{r['site'][:160]}` | {r['gib']:.3f} | {r['blocks']} |" for r in m["live_at_peak"]]
+    return "\n".join(lines)
+
+
+class MemoryPeak:
+    """Records the allocator's history through optimizer step ``skip`` + 1 and reports the
+    peak of that step: what was live there and where it was allocated."""
+
+    def __init__(self, out: Path, name: str, skip: int, active: int):
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.out, self.name, self.skip = out, name, skip
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.owner, self.count, self.done, self.base = None, 0, False, 0
+        register_optimizer_step_post_hook(self._hook)
+
+    def _hook(self, optimizer, *_args, **_kwargs) -> None:
+        import torch
+
+        if self.owner is None:
+            self.owner = id(optimizer)
+        if id(optimizer) != self.owner or self.done or not torch.cuda.is_available():
+            return
+        self.count += 1
+        torch.cuda.synchronize()
+        if self.count == self.skip:
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                     max_entries=2_000_000)
+        elif self.count == self.skip + 1:
+            self.done = True
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            traces = snap.get("device_traces", [])
+            dev = torch.cuda.current_device()
+            m = peak_composition(traces[dev] if dev < len(traces) else [], self.base)
+            m["max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / f"{self.name}.rank{self.rank}.json").write_text(json.dumps(m, indent=1))
+            if self.rank == 0:
+                text = memory_table(self.name, m)
+                (self.out / f"{self.name}.md").write_text(text + "\n")
+                print(text, flush=True)
+
+    def stop(self) -> None:
+        if not self.done and self.rank == 0:
+            print(f"kernel_profile --memory {self.name}: no CUDA, or the program ended before step {self.skip + 1}",
+                  flush=True)
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         print("kernel_profile: usage: kernel_profile.py --out DIR --name NAME [--skip N] [--active N] "
@@ -206,12 +318,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--name", required=True)
     p.add_argument("--skip", type=int, default=8, help="optimizer steps before the profiler's warm-up step")
     p.add_argument("--active", type=int, default=3, help="optimizer steps recorded")
+    p.add_argument("--memory", action="store_true",
+                   help="instead of kernel times: the allocator's peak in step SKIP+1 and what is live there")
     args = p.parse_args(argv[:cut])
     target = argv[cut + 1:]
     if not target or (target[0] == "-m" and len(target) < 2):
         print("kernel_profile: nothing to run after --", file=sys.stderr)
         return 2
-    prof = StepProfiler(args.out, args.name, args.skip, args.active)
+    prof = (MemoryPeak if args.memory else StepProfiler)(args.out, args.name, args.skip, args.active)
     code = 0
     try:
         if target[0] == "-m":

@@ -23,6 +23,9 @@
 #   PART=optstep bash scripts/gpu/perf.sh   1 GPU, ~8 min: 1b bf16 profiled, torchtitan and ours with
 #                                           optim.clip_in_step off/on; ours with Inductor's
 #                                           max-autotune-no-cudagraphs.
+#   PART=memory bash scripts/gpu/perf.sh    1 GPU, ~7 min: what is live at the peak of a 1b step, torchtitan
+#                                           and ours (kernel_profile.py --memory); ours profiled;
+#                                           parallel.activation_memory_budget 0.95/0.9; 1b FP8 both sides.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -167,7 +170,8 @@ part_gputests() {
   tail -3 "$W/gputests.log" | tee -a "$LOG"
 }
 
-profiled() {  # SIDE NAME LIMIT ARGS...: SIDE=titan|ours under scripts/gpu/kernel_profile.py on GPU 0
+KP_ARGS=(--skip 10 --active 3)
+profiled() {  # SIDE NAME LIMIT ARGS...: SIDE=titan|ours under scripts/gpu/kernel_profile.py "${KP_ARGS[@]}", GPU 0
   local side=$1 name=$2 limit
   if ! limit=$(capped "$3"); then note "profile $name skipped: BUDGET_S=$BUDGET_S spent"; return; fi
   shift 3
@@ -176,7 +180,7 @@ profiled() {  # SIDE NAME LIMIT ARGS...: SIDE=titan|ours under scripts/gpu/kerne
   if [ "$side" = titan ]; then prog=(-- "$TT/titan_bench.py" --out "$W/titan_$name.json"); pp="$TT/torchtitan-src:$pp"; fi
   PYTHONPATH="$pp" TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/prof-$name" CUDA_VISIBLE_DEVICES=0 \
     timeout -k 10 "$limit" "${TRUN[@]}" --nproc-per-node 1 "$(dirname "$0")/kernel_profile.py" --out "$W" \
-    --name "kp_$name" --skip 10 --active 3 "${prog[@]}" "$@" >"$W/kp_$name.log" 2>&1 \
+    --name "kp_$name" "${KP_ARGS[@]}" "${prog[@]}" "$@" >"$W/kp_$name.log" 2>&1 \
     || note "profile $name failed (exit $?); see kp_$name.log"
   note "profile $name done"
 }
@@ -196,6 +200,19 @@ part_optstep() {
   profiled ours ours_1b_bf16_clipin 150 --strategy fsdp --fp8 none "${P1B[@]}" --set optim.clip_in_step=true
   ours 0 1 1b_bf16_maxautotune 300 --strategy fsdp --fp8 none "${P1B[@]}" \
     --set parallel.compile_mode=max-autotune-no-cudagraphs --set optim.clip_in_step=true
+}
+
+part_memory() {
+  note "memory: the peak of one 1b bf16 step, torchtitan and ours; ours profiled; activation memory budget; FP8"
+  KP_ARGS=(--skip 8 --memory)
+  profiled titan mem_titan_1b_bf16 150 "${P1B[@]}" --fp8 none
+  profiled ours mem_ours_1b_bf16 150 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+  KP_ARGS=(--skip 10 --active 3)
+  profiled ours ours_1b_bf16 150 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+  ours 0 1 1b_bf16_amb95 150 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set parallel.activation_memory_budget=0.95
+  ours 0 1 1b_bf16_amb90 150 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set parallel.activation_memory_budget=0.9
+  titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise
+  ours 0 1 1b_fp8 150 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
 }
 
 part_titan1b() {
@@ -244,8 +261,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | optstep | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | memory | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, memory, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 

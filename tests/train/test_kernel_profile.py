@@ -72,3 +72,26 @@ def test_wraps_a_program_and_keeps_its_exit_code(tmp_path):
     # CPU only: the window closes and says there were no CUDA kernels
     assert (tmp_path / "o" / "w.rank0.json").is_file()
     assert "no CUDA kernels" in (tmp_path / "o" / "w.md").read_text()
+
+
+def test_memory_peak_composition():
+    kp = _module()
+    ours = [{"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"},
+            {"filename": "/w/train/models/llama.py", "line": 88, "name": "forward"}]
+    gen = [{"filename": "/tmp/torchinductor_root/ab/cabc.py", "line": 9, "name": "call"}]
+    gib = 2 ** 30
+    events = [
+        {"action": "free_completed", "addr": 7, "size": gib, "frames": []},  # allocated before the step
+        {"action": "alloc", "addr": 1, "size": gib, "frames": ours},
+        {"action": "alloc", "addr": 2, "size": 2 * gib, "frames": gen},
+        {"action": "alloc", "addr": 3, "size": gib // 2, "frames": ours},  # the peak: 4 - 1 + 1 + 2 + 0.5
+        {"action": "free_requested", "addr": 2, "size": 2 * gib, "frames": gen},
+        {"action": "free_completed", "addr": 2, "size": 2 * gib, "frames": gen},
+        {"action": "alloc", "addr": 4, "size": gib, "frames": ours},
+    ]
+    m = kp.peak_composition(events, base=4 * gib)
+    assert m["peak_gib"] == 6.5 and m["peak_event"] == 3
+    assert m["before_step_gib"] == 3.0 and m["in_step_gib"] == 3.5
+    rows = {r["site"]: (r["gib"], r["blocks"]) for r in m["live_at_peak"]}
+    assert rows == {"llama.py:88 forward <- functional.py:linear": (1.5, 2), "cabc.py:9 call": (2.0, 1)}
+    assert "6.50 GiB" in kp.memory_table("x", m)

@@ -1,4 +1,5 @@
-"""``torch.compile`` per transformer block (``parallel.compile``, ``parallel.compile_mode``).
+"""``torch.compile`` per transformer block (``parallel.compile``, ``parallel.compile_mode``,
+``parallel.activation_memory_budget``).
 
 Blocks are compiled in place with ``nn.Module.compile`` (no ``_orig_mod.`` wrapper, so
 parameter names do not change). All blocks share one code object and, with torch's
@@ -46,6 +47,10 @@ def apply_compile(model: nn.Module, pcfg) -> int:
     if not pcfg.compile:
         return 0
     inductor_cache_dir()
+    if pcfg.activation_memory_budget < 1:
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = pcfg.activation_memory_budget
     kwargs = {"backend": pcfg.compile_backend, "fullgraph": True}
     if pcfg.compile_backend == "inductor" and pcfg.compile_mode != "default":
         kwargs["mode"] = pcfg.compile_mode

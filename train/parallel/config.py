@@ -37,6 +37,9 @@ class ParallelConfig:
     compile: bool = False
     compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs
     compile_backend: str = "inductor"  # inductor | aot_eager (debugging: traces, no code generation)
+    # < 1: the compiled blocks' partitioner recomputes in backward what it would have saved,
+    # cheapest first, until the saved activations fit this fraction (torch._functorch.config)
+    activation_memory_budget: float = 1.0
     # scaled_dot_product_attention kernel, applied around forward and backward (sdpa_kernel):
     # auto (torch picks) | flash | cudnn | efficient | math
     sdpa_backend: str = "auto"
@@ -62,6 +65,8 @@ class ParallelConfig:
             raise ConfigError(
                 f"parallel.reshard_after_forward: must be auto, always or never, got {self.reshard_after_forward!r}"
             )
+        if not 0 < self.activation_memory_budget <= 1:
+            raise ConfigError(f"parallel.activation_memory_budget: must be in (0, 1], got {self.activation_memory_budget}")
         if self.fsdp_prefetch < 0:
             raise ConfigError(f"parallel.fsdp_prefetch: must be >= 0, got {self.fsdp_prefetch}")
         if self.cpu_offload and self.strategy != "fsdp":
