@@ -90,6 +90,14 @@ def should_resume(job, resume_flag: bool) -> bool:
     return resume_flag or mode == "always" or (mode == "auto" and restarted)
 
 
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host batch to ``device`` without a stream sync: a copy from pageable memory waits for
+    all queued GPU work (CUDA's rule for pageable host-to-device copies); a pinned one does not."""
+    if device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+        batch = batch.pin_memory()
+    return batch.to(device, non_blocking=True)
+
+
 class Trainer:
     def __init__(self, job, info: tdist.DistInfo, out_dir: Path, resume: bool = False):
         self.job = job
@@ -193,8 +201,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         for micro in range(self.accum):
             inputs, targets = self.loader.next_batch()
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+            inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
             attention = attention_context(self.job.parallel, self.device, self.par.inner)  # forward and backward (AC)
             with sync_ctx, self.par.loss_context(), attention:
@@ -218,8 +225,10 @@ class Trainer:
         vec = torch.stack([
             loss.float(),
             nonfinite.to(device=self.device, dtype=torch.float32),
-            torch.tensor(float(self.preemption.requested), device=self.device),
-            torch.tensor(float(self.checkpointer.ready()), device=self.device),
+            # torch.full is a fill kernel; torch.tensor(x, device=cuda) would copy from pageable
+            # host memory, which waits for the whole backward before the optimizer is queued
+            torch.full((), float(self.preemption.requested), device=self.device),
+            torch.full((), float(self.checkpointer.ready()), device=self.device),
         ])
         if self.info.backend is not None:
             with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):

@@ -26,6 +26,9 @@
 #   PART=memory bash scripts/gpu/perf.sh    1 GPU, ~7 min: what is live at the peak of a 1b step, torchtitan
 #                                           and ours (kernel_profile.py --memory); ours profiled;
 #                                           parallel.activation_memory_budget 0.95/0.9; 1b FP8 both sides.
+#   PART=tune1b bash scripts/gpu/perf.sh    1 GPU, ~6 min: 1b bf16 ours profiled; reshard_after_forward=always,
+#                                           activation_memory_budget=0.99, chunked loss; torchtitan bf16;
+#                                           FP8 tensorwise both sides.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -215,6 +218,18 @@ part_memory() {
   ours 0 1 1b_fp8 150 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
 }
 
+part_tune1b() {
+  note "tune1b: 1b on one GPU: ours profiled; memory levers; torchtitan; FP8 both sides"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}")
+  profiled ours ours_1b_bf16 150 "${c[@]}"
+  titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none
+  ours 0 1 1b_bf16_rafalways 150 "${c[@]}" --set parallel.reshard_after_forward=always
+  ours 0 1 1b_bf16_amb99 150 "${c[@]}" --set parallel.activation_memory_budget=0.99
+  ours 0 1 1b_bf16_chunk8k 150 "${c[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
+  titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise
+  ours 0 1 1b_fp8 150 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -261,8 +276,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | optstep | memory | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, memory, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | memory | tune1b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 
