@@ -29,6 +29,9 @@
 #   PART=tune1b bash scripts/gpu/perf.sh    1 GPU, ~6 min: 1b bf16 ours profiled; reshard_after_forward=always,
 #                                           activation_memory_budget=0.99, chunked loss; torchtitan bf16;
 #                                           FP8 tensorwise both sides.
+#   PART=spend1b bash scripts/gpu/perf.sh   1 GPU, ~6 min: 1b bf16 and FP8, memory spent on speed:
+#                                           activation_memory_budget=0.99 with reshard_after_forward=never;
+#                                           torchtitan both precisions.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -230,6 +233,20 @@ part_tune1b() {
   ours 0 1 1b_fp8 150 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
 }
 
+part_spend1b() {
+  note "spend1b: 1b on one GPU, activation memory budget 0.99 and reshard_after_forward=never"
+  local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}")
+  local amb=(--set parallel.activation_memory_budget=0.99) never=(--set parallel.reshard_after_forward=never)
+  titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none
+  ours 0 1 1b_bf16_amb99_never 150 "${c[@]}" --fp8 none "${amb[@]}" "${never[@]}"
+  ours 0 1 1b_bf16_never 150 "${c[@]}" --fp8 none "${never[@]}"
+  ours 0 1 1b_bf16_amb99 150 "${c[@]}" --fp8 none "${amb[@]}"
+  titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise
+  ours 0 1 1b_fp8_amb99_never 150 "${c[@]}" --fp8 tensorwise "${amb[@]}" "${never[@]}"
+  ours 0 1 1b_fp8_never 150 "${c[@]}" --fp8 tensorwise "${never[@]}"
+  ours 0 1 1b_fp8_amb99 150 "${c[@]}" --fp8 tensorwise "${amb[@]}"
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -276,8 +293,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | optstep | memory | tune1b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | memory | tune1b | spend1b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 
