@@ -32,6 +32,9 @@
 #   PART=spend1b bash scripts/gpu/perf.sh   1 GPU, ~6 min: 1b bf16 and FP8, memory spent on speed:
 #                                           activation_memory_budget=0.99 with reshard_after_forward=never;
 #                                           torchtitan both precisions.
+#   PART=final2 bash scripts/gpu/perf.sh    2xH200, ~9 min: the 2-GPU points, both sides: 1b FSDP2 (ours
+#                                           default and activation_memory_budget=0.99), 8b bf16 and
+#                                           FP8 tensorwise (ours with the chunked loss, 2048-token chunks).
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -247,6 +250,19 @@ part_spend1b() {
   ours 0 1 1b_fp8_amb99 150 "${c[@]}" --fp8 tensorwise "${amb[@]}"
 }
 
+part_final2() {
+  note "final2: 1b FSDP2 on 2 GPUs, 8b bf16 and FP8 tensorwise; torchtitan then ours"
+  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  titan 0,1 2 1b_fsdp2 120 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_fsdp2 120 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+  ours 0,1 2 1b_fsdp2_amb99 120 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" \
+    --set parallel.activation_memory_budget=0.99
+  titan 0,1 2 8b_bf16 150 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16_chunk2k 150 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
+  titan 0,1 2 8b_fp8 130 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8_chunk2k 130 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -293,8 +309,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | optstep | memory | tune1b | spend1b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | memory | tune1b | spend1b | final2 | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 
