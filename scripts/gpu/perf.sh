@@ -35,6 +35,8 @@
 #   PART=final2 bash scripts/gpu/perf.sh    2xH200, ~9 min: the 2-GPU points, both sides: 1b FSDP2 (ours
 #                                           default and activation_memory_budget=0.99), 8b bf16 and
 #                                           FP8 tensorwise (ours with the chunked loss, 2048-token chunks).
+#   PART=mem8b bash scripts/gpu/perf.sh     2xH200, ~4 min: what is live at the peak of an 8b step (FSDP2 on
+#                                           2 GPUs, AC full), torchtitan and ours with the chunked loss.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -179,16 +181,16 @@ part_gputests() {
   tail -3 "$W/gputests.log" | tee -a "$LOG"
 }
 
-KP_ARGS=(--skip 10 --active 3)
-profiled() {  # SIDE NAME LIMIT ARGS...: SIDE=titan|ours under scripts/gpu/kernel_profile.py "${KP_ARGS[@]}", GPU 0
+KP_ARGS=(--skip 10 --active 3) KP_GPUS=0 KP_NPROC=1
+profiled() {  # SIDE NAME LIMIT ARGS...: SIDE=titan|ours under scripts/gpu/kernel_profile.py "${KP_ARGS[@]}" on KP_GPUS
   local side=$1 name=$2 limit
   if ! limit=$(capped "$3"); then note "profile $name skipped: BUDGET_S=$BUDGET_S spent"; return; fi
   shift 3
   local prog=(-- "${STEP[@]}" --name "$name")
   local pp="${PYTHONPATH:-}"
   if [ "$side" = titan ]; then prog=(-- "$TT/titan_bench.py" --out "$W/titan_$name.json"); pp="$TT/torchtitan-src:$pp"; fi
-  PYTHONPATH="$pp" TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/prof-$name" CUDA_VISIBLE_DEVICES=0 \
-    timeout -k 10 "$limit" "${TRUN[@]}" --nproc-per-node 1 "$(dirname "$0")/kernel_profile.py" --out "$W" \
+  PYTHONPATH="$pp" TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/prof-$name" CUDA_VISIBLE_DEVICES="$KP_GPUS" \
+    timeout -k 10 "$limit" "${TRUN[@]}" --nproc-per-node "$KP_NPROC" "$(dirname "$0")/kernel_profile.py" --out "$W" \
     --name "kp_$name" "${KP_ARGS[@]}" "${prog[@]}" "$@" >"$W/kp_$name.log" 2>&1 \
     || note "profile $name failed (exit $?); see kp_$name.log"
   note "profile $name done"
@@ -263,6 +265,15 @@ part_final2() {
   ours 0,1 2 8b_fp8_chunk2k 130 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
 }
 
+part_mem8b() {
+  note "mem8b: the peak of one 8b step on 2 GPUs, torchtitan and ours (chunked loss)"
+  KP_ARGS=(--skip 4 --memory) KP_GPUS=0,1 KP_NPROC=2
+  profiled titan mem_titan_8b_bf16 150 "${P8B[@]}" --steps 3 --warmup 3 --fp8 none
+  profiled ours mem_ours_8b_bf16 150 --strategy fsdp --fp8 none "${P8B[@]}" --steps 3 --warmup 3 "${OURS[@]}" \
+    --set train.loss=chunked --set train.loss_chunk_tokens=2048
+  KP_ARGS=(--skip 10 --active 3) KP_GPUS=0 KP_NPROC=1
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -309,8 +320,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | optstep | memory | tune1b | spend1b | final2 | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | memory | tune1b | spend1b | final2 | mem8b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, mem8b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 
