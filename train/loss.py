@@ -17,9 +17,9 @@ Three ways to compute the same number (and the same gradients); ``auto`` (the de
 
 The model does not know about any of this: for ``chunked`` the trainer installs a loss
 head on the bare model (``Transformer.loss_head``) and calls ``model(inputs, targets)``;
-the head receives ``(h, self.output.weight, targets)`` inside the model's own forward,
-so FSDP2's unshard/reshard of the root's parameters and its gradient reduce-scatter see
-the output weight used exactly as ``self.output(h)`` would use it. ``chunked`` is refused
+the output module calls it as ``head(h, self.weight, targets)`` (``Output.forward(h,
+targets)``), so the output projection's FSDP2 unit unshards, reshards and reduce-scatters
+its weight exactly as for ``self.output(h)``. ``chunked`` is refused
 with tensor parallelism (a vocabulary-sharded output weight needs a distributed
 log-sum-exp), see ``train.config.JobConfig.validate``.
 

@@ -111,6 +111,22 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+class Output(nn.Linear):
+    """The output projection. With a loss head installed (``head``, set from outside by
+    ``train.loss``), ``forward(h, targets)`` returns ``head(h, weight, targets)`` (the loss,
+    the projection fused into it) instead of logits. Either way it is called as a module,
+    so whatever is hooked on this module's forward sees its weight used."""
+
+    head = None
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        if self.head is None:
+            raise RuntimeError("Transformer.forward(tokens, targets) needs a loss_head")
+        return self.head(x, self.weight, targets)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -119,14 +135,22 @@ class Transformer(nn.Module):
         # ModuleDict keyed by str(index): FQNs stay stable when blocks are wrapped.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.output = Output(cfg.dim, cfg.vocab_size, bias=False)
         self.register_buffer(
             "rope", rope_cache(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False
         )
 
-    # Set from outside (``train.loss``): called as ``loss_head(h, output.weight, targets)``
-    # by ``forward(tokens, targets)`` to fuse the output projection into the loss.
-    loss_head = None
+    @property
+    def loss_head(self):
+        """Set from outside (``train.loss``): called as ``loss_head(h, output.weight, targets)``
+        by ``forward(tokens, targets)``, through the output module (:class:`Output`)."""
+        return self.output.head if self.output is not None else None
+
+    @loss_head.setter
+    def loss_head(self, head) -> None:
+        if self.output is None:
+            raise RuntimeError("loss_head: this model has no output layer")
+        self.output.head = head
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Logits; with ``targets`` (and a ``loss_head`` installed) the loss instead."""
@@ -135,9 +159,9 @@ class Transformer(nn.Module):
             h = layer(h, self.rope)
         h = self.norm(h) if self.norm is not None else h
         if targets is not None:
-            if self.loss_head is None or self.output is None:
+            if self.output is None:
                 raise RuntimeError("Transformer.forward(tokens, targets) needs a loss_head and the output layer")
-            return self.loss_head(h, self.output.weight, targets)
+            return self.output(h, targets)
         return self.output(h) if self.output is not None else h
 
     @torch.no_grad()

@@ -86,15 +86,15 @@ def _no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str, output_unit: bool = True) -> None:
+def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str) -> None:
     """``fully_shard`` the embedding, each block and the output projection as units of
-    their own, then the root (final norm; the output too when ``output_unit`` is False).
+    their own, then the root (final norm).
 
     Own units free the embedding's gathered weight after its forward and reduce-scatter
     the output projection's gradient as soon as its backward is done, instead of holding
     both (gathered weights and full-size gradients) through the whole step in the root.
-    ``train.loss=chunked`` uses ``output.weight`` inside the root's forward without calling
-    ``output``: the output then stays in the root unit (``output_unit=False``)."""
+    ``train.loss=chunked`` runs through the output module too (``Output.forward(h,
+    targets)``), so its unit works the same way there."""
     kwargs = {
         "mesh": fsdp_mesh,
         "mp_policy": mixed_precision_policy(pcfg, precision),
@@ -107,7 +107,7 @@ def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str, output_unit: 
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=_reshard_policy(pcfg.reshard_after_forward, i, len(blocks)), **kwargs)
     # The output projection's params are needed right at the start of backward.
-    if output_unit and model.output is not None:
+    if model.output is not None:
         fully_shard(model.output, reshard_after_forward=reshard_all, **kwargs)
     fully_shard(model, reshard_after_forward=reshard_all, **kwargs)
     _set_prefetch(model, blocks, pcfg.fsdp_prefetch)
@@ -122,7 +122,7 @@ def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims):
         apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel)
     apply_ac(model, pcfg)
     apply_compile(model, pcfg)
-    shard_model(model, mesh.fsdp_mesh, pcfg, precision, output_unit=job.train.loss != "chunked")
+    shard_model(model, mesh.fsdp_mesh, pcfg, precision)
     if pcfg.cpu_offload:
         _materialize_offloaded(model, job.train.seed, info.device)
     else:
