@@ -37,6 +37,8 @@
 #                                           FP8 tensorwise (ours with the chunked loss, 2048-token chunks).
 #   PART=mem8b bash scripts/gpu/perf.sh     2xH200, ~4 min: what is live at the peak of an 8b step (FSDP2 on
 #                                           2 GPUs, AC full), torchtitan and ours with the chunked loss.
+#   PART=final8b bash scripts/gpu/perf.sh   2xH200, ~5 min: 8b bf16 and FP8 tensorwise, both sides, ours with
+#                                           the chunked loss (2048-token chunks).
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -274,6 +276,15 @@ part_mem8b() {
   KP_ARGS=(--skip 10 --active 3) KP_GPUS=0 KP_NPROC=1
 }
 
+part_final8b() {
+  note "final8b: 8b bf16 and FP8 tensorwise on 2 GPUs; torchtitan then ours (chunked loss)"
+  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  titan 0,1 2 8b_bf16 150 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16_chunk2k 150 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
+  titan 0,1 2 8b_fp8 130 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8_chunk2k 130 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -320,8 +331,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | optstep | memory | tune1b | spend1b | final2 | mem8b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, mem8b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | memory | tune1b | spend1b | final2 | mem8b | final8b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, mem8b, final8b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 
