@@ -39,6 +39,8 @@
 #                                           2 GPUs, AC full), torchtitan and ours with the chunked loss.
 #   PART=final8b bash scripts/gpu/perf.sh   2xH200, ~5 min: 8b bf16 and FP8 tensorwise, both sides, ours with
 #                                           the chunked loss (2048-token chunks).
+#   PART=h100spend bash scripts/gpu/perf.sh 1 GPU (H100), ~4 min: the 1b points with activation_memory_budget=0.99
+#                                           (+ reshard_after_forward=never), both sides.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -285,6 +287,17 @@ part_final8b() {
   ours 0,1 2 8b_fp8_chunk2k 130 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
 }
 
+part_h100spend() {
+  note "h100spend: 1b on one H100, activation memory budget 0.99 (+ reshard never); torchtitan"
+  local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}")
+  local amb=(--set parallel.activation_memory_budget=0.99) never=(--set parallel.reshard_after_forward=never)
+  titan 0 1 1b_bf16 120 "${P1B[@]}" --fp8 none
+  ours 0 1 1b_bf16_amb99_never 120 "${c[@]}" --fp8 none "${amb[@]}" "${never[@]}"
+  titan 0 1 1b_fp8 120 "${P1B[@]}" --fp8 tensorwise
+  ours 0 1 1b_fp8_amb99 120 "${c[@]}" --fp8 tensorwise "${amb[@]}"
+  ours 0 1 1b_fp8_amb99_never 120 "${c[@]}" --fp8 tensorwise "${amb[@]}" "${never[@]}"
+}
+
 part_titan1b() {
   note "titan1b: 1b bf16 and FP8 tensorwise on one GPU each (titan GPU 0, ours GPU 1), then FSDP2 on 2 GPUs"
   (titan 0 1 1b_bf16 280 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 220 "${P1B[@]}" --fp8 tensorwise) &
@@ -331,8 +344,8 @@ part_h100() {
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
   case "$p" in
-    gputests | profile | optstep | memory | tune1b | spend1b | final2 | mem8b | final8b | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, mem8b, final8b, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
+    gputests | profile | optstep | memory | tune1b | spend1b | final2 | mem8b | final8b | h100spend | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
+    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, mem8b, final8b, h100spend, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
   esac
 done
 
