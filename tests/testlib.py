@@ -116,6 +116,22 @@ FSDP = ["parallel.strategy=fsdp"]
 FP8_SMALL = ["model.dim=32", "model.n_heads=4", "model.n_kv_heads=1", "model.n_layers=2"]
 
 
+# The parallel set-ups of the 2-rank trajectory comparisons (test_loss, test_optim).
+TRAJECTORY_STRATEGIES = {
+    "fsdp": ["parallel.strategy=fsdp"],
+    "fsdp_accum": ["parallel.strategy=fsdp", "train.batch_size=2", "train.global_batch_size=8"],
+    "ddp_accum": ["train.batch_size=2", "train.global_batch_size=8"],
+}
+
+
+def assert_same_trajectory(traj, ref, label: str, loss_rtol: float = 1e-5, norm_rtol: float = 1e-4) -> None:
+    """``[(loss, grad_norm), ...]`` per step of a trainer run against a reference run."""
+    for step, ((loss, norm), (ref_loss, ref_norm)) in enumerate(zip(traj, ref)):
+        assert abs(loss - ref_loss) <= loss_rtol * abs(ref_loss), f"{label} step {step + 1}: loss {loss} vs {ref_loss}"
+        assert abs(norm - ref_norm) <= norm_rtol * abs(ref_norm), f"{label} step {step + 1}: norm {norm} vs {ref_norm}"
+    assert len(traj) == len(ref)
+
+
 def load_job(extra):
     """The job of ``BASE`` plus ``extra`` overrides."""
     from train.config import load_config

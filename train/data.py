@@ -169,6 +169,14 @@ def check_tokenizer(path: Path, expected: str) -> None:
     raise DataError(f"data.tokenizer={expected}: {path} was prepared with tokenizer {name} (sha256 {sha[:12]})")
 
 
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host batch to ``device`` without a stream sync: a copy from pageable memory waits for
+    all queued GPU work (CUDA's rule for pageable host-to-device copies); a pinned one does not."""
+    if device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+        batch = batch.pin_memory()
+    return batch.to(device, non_blocking=True)
+
+
 @dataclass
 class ShardInfo:
     rank: int = 0  # data-parallel rank

@@ -17,7 +17,7 @@ from train import distributed as tdist
 from train.checkpoint import CheckpointManager
 from train.checkpointer import Checkpointer
 from train.comm.small_reduce import small_all_reduce
-from train.data import ShardInfo, build_loader
+from train.data import ShardInfo, build_loader, to_device
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
@@ -88,14 +88,6 @@ def should_resume(job, resume_flag: bool) -> bool:
     mode = job.checkpoint.resume
     restarted = tdist.env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
     return resume_flag or mode == "always" or (mode == "auto" and restarted)
-
-
-def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host batch to ``device`` without a stream sync: a copy from pageable memory waits for
-    all queued GPU work (CUDA's rule for pageable host-to-device copies); a pinned one does not."""
-    if device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
-        batch = batch.pin_memory()
-    return batch.to(device, non_blocking=True)
 
 
 class Trainer:
@@ -282,7 +274,8 @@ class Trainer:
                 vec = self._agree_start(loss, norm_bad)
                 if self.device_gated:
                     self._device_gated_step(vec, grad_norm)
-                    self.optimizer.zero_grad(set_to_none=True)
+                    if not self.par.after_optimizer_step:  # hooks may read gradients (LocalSGD's averager)
+                        self.optimizer.zero_grad(set_to_none=True)
                 mean_loss, nonfinite, stop = self._agree_read(vec)
             if nonfinite:
                 self._handle_nonfinite(mean_loss, float(grad_norm))  # device-gated: the update was skipped

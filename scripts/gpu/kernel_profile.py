@@ -149,6 +149,16 @@ def table(name: str, b: dict) -> str:
     return "\n".join(lines)
 
 
+def write_report(out: Path, name: str, rank: int, data: dict, render) -> None:
+    """``NAME.rank{R}.json`` on every rank; on rank 0 also ``NAME.md`` (``render(name, data)``), printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.rank{rank}.json").write_text(json.dumps(data, indent=1))
+    if rank == 0:
+        text = render(name, data)
+        (out / f"{name}.md").write_text(text + "\n")
+        print(text, flush=True)
+
+
 class StepProfiler:
     """torch.profiler over ``active`` optimizer steps after ``skip``; one hook, one optimizer counted."""
 
@@ -186,12 +196,7 @@ class StepProfiler:
             path = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(path))
             b = breakdown(json.loads(path.read_text()), self.active)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / f"{self.name}.rank{self.rank}.json").write_text(json.dumps(b, indent=1))
-        if self.rank == 0:
-            text = table(self.name, b)
-            (self.out / f"{self.name}.md").write_text(text + "\n")
-            print(text, flush=True)
+        write_report(self.out, self.name, self.rank, b, table)
 
     def stop(self) -> None:
         if not self.done:
@@ -294,12 +299,7 @@ class MemoryPeak:
             dev = torch.cuda.current_device()
             m = peak_composition(traces[dev] if dev < len(traces) else [], self.base)
             m["max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / f"{self.name}.rank{self.rank}.json").write_text(json.dumps(m, indent=1))
-            if self.rank == 0:
-                text = memory_table(self.name, m)
-                (self.out / f"{self.name}.md").write_text(text + "\n")
-                print(text, flush=True)
+            write_report(self.out, self.name, self.rank, m, memory_table)
 
     def stop(self) -> None:
         if not self.done and self.rank == 0:

@@ -257,16 +257,12 @@ part_spend1b() {
 }
 
 part_final2() {
-  note "final2: 1b FSDP2 on 2 GPUs, 8b bf16 and FP8 tensorwise; torchtitan then ours"
-  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  note "final2: 1b FSDP2 on 2 GPUs, then PART=final8b; torchtitan then ours"
   titan 0,1 2 1b_fsdp2 120 "${P1B[@]}" --fp8 none
   ours 0,1 2 1b_fsdp2 120 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
   ours 0,1 2 1b_fsdp2_amb99 120 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" \
     --set parallel.activation_memory_budget=0.99
-  titan 0,1 2 8b_bf16 150 "${P8B[@]}" --fp8 none
-  ours 0,1 2 8b_bf16_chunk2k 150 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
-  titan 0,1 2 8b_fp8 130 "${P8B[@]}" --fp8 tensorwise
-  ours 0,1 2 8b_fp8_chunk2k 130 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
+  part_final8b
 }
 
 part_mem8b() {

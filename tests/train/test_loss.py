@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from testlib import spawn
+from testlib import TRAJECTORY_STRATEGIES, assert_same_trajectory, spawn
 
 import train.loss as loss_mod
 from train.config import load_config
@@ -235,10 +235,7 @@ def _trajectories(rank, world, strategies, result_file):
 
 def _check(results):
     for (strategy, mode), traj in results.items():
-        ref = results[(strategy, "eager")]
-        for step, ((loss, norm), (ref_loss, ref_norm)) in enumerate(zip(traj, ref)):
-            assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), f"{strategy}/{mode} step {step + 1}: loss {loss} vs {ref_loss}"
-            assert abs(norm - ref_norm) <= 1e-4 * abs(ref_norm), f"{strategy}/{mode} step {step + 1}: norm {norm} vs {ref_norm}"
+        assert_same_trajectory(traj, results[(strategy, "eager")], f"{strategy}/{mode}")
         assert traj[-1][0] < traj[0][0], f"{strategy}/{mode}: loss does not decrease: {traj}"
 
 
@@ -250,14 +247,9 @@ def test_trainer_modes_agree_in_one_process(tmp_path):
 
 def test_trainer_modes_agree_with_fsdp2_and_ddp_on_2_gloo_ranks(tmp_path):
     out = tmp_path / "r.pt"
-    strategies = {
-        "fsdp": ["parallel.strategy=fsdp"],
-        "fsdp_accum": ["parallel.strategy=fsdp", "train.batch_size=2", "train.global_batch_size=8"],
-        "ddp_accum": ["train.batch_size=2", "train.global_batch_size=8"],
-    }
-    spawn(_trajectories, 2, strategies, out)
+    spawn(_trajectories, 2, TRAJECTORY_STRATEGIES, out)
     results = torch.load(out)
-    assert len(results) == len(strategies) * len(MODES)
+    assert len(results) == len(TRAJECTORY_STRATEGIES) * len(MODES)
     _check(results)
 
 

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from testlib import BASE, spawn
+from testlib import BASE, TRAJECTORY_STRATEGIES, assert_same_trajectory, spawn
 
 from train.optim import clip_divisor
 
@@ -77,9 +77,7 @@ def _check(results):
     for strategy in {s for s, _ in results}:
         (ref, ref_params), (new, new_params) = results[(strategy, "false")], results[(strategy, "true")]
         assert ref[0][1] > 0.5, f"{strategy}: clipping not active (norm {ref[0][1]})"
-        for step, ((loss, norm), (rl, rn)) in enumerate(zip(new, ref)):
-            assert abs(loss - rl) <= 1e-5 * abs(rl), f"{strategy} step {step + 1}: loss {loss} vs {rl}"
-            assert abs(norm - rn) <= 1e-5 * abs(rn), f"{strategy} step {step + 1}: norm {norm} vs {rn}"
+        assert_same_trajectory(new, ref, strategy, norm_rtol=1e-5)
         for q, p in zip(new_params, ref_params):
             torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
 
@@ -92,12 +90,7 @@ def test_trainer_clip_in_step_in_one_process(tmp_path):
 
 def test_trainer_clip_in_step_with_fsdp2_and_ddp_on_2_gloo_ranks(tmp_path):
     out = tmp_path / "r.pt"
-    strategies = {
-        "fsdp": ["parallel.strategy=fsdp"],
-        "fsdp_accum": ["parallel.strategy=fsdp", "train.batch_size=2", "train.global_batch_size=8"],
-        "ddp": [],
-    }
-    spawn(_trajectories, 2, strategies, out)
+    spawn(_trajectories, 2, TRAJECTORY_STRATEGIES, out)
     results = torch.load(out)
-    assert len(results) == 2 * len(strategies)
+    assert len(results) == 2 * len(TRAJECTORY_STRATEGIES)
     _check(results)
