@@ -124,6 +124,19 @@ TRAJECTORY_STRATEGIES = {
 }
 
 
+def rank0_result(fn, tmp_path: Path, world: int, *args):
+    """``fn(rank, world, *args, result_file)`` in this process (world 1) or in ``world`` gloo
+    processes (``spawn``); returns what rank 0 saved to ``result_file`` with ``torch.save``."""
+    import torch
+
+    out = tmp_path / "rank0_result.pt"
+    if world == 1:
+        fn(0, 1, *args, out)
+    else:
+        spawn(fn, world, *args, out)
+    return torch.load(out)
+
+
 def assert_same_trajectory(traj, ref, label: str, loss_rtol: float = 1e-5, norm_rtol: float = 1e-4) -> None:
     """``[(loss, grad_norm), ...]`` per step of a trainer run against a reference run."""
     for step, ((loss, norm), (ref_loss, ref_norm)) in enumerate(zip(traj, ref)):

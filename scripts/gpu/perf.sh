@@ -72,6 +72,8 @@ TRUN=(python3 -m torch.distributed.run --standalone)
 STEP=(-m train bench step --device cuda --timeout-s 300 --out "$W")
 P1B=(--preset 1b --batch 8 --seq 2048 --compile on --ac none --steps 15 --warmup 4)
 P8B=(--preset 8b --batch 4 --seq 2048 --compile on --ac full --steps 10 --warmup 3)
+AMB99=(--set parallel.activation_memory_budget=0.99)  # memory levers of the second pass
+NEVER=(--set parallel.reshard_after_forward=never)
 python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(),
   torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")' 2>&1 | tee -a "$LOG"
 
@@ -245,15 +247,14 @@ part_tune1b() {
 part_spend1b() {
   note "spend1b: 1b on one GPU, activation memory budget 0.99 and reshard_after_forward=never"
   local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}")
-  local amb=(--set parallel.activation_memory_budget=0.99) never=(--set parallel.reshard_after_forward=never)
   titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none
-  ours 0 1 1b_bf16_amb99_never 150 "${c[@]}" --fp8 none "${amb[@]}" "${never[@]}"
-  ours 0 1 1b_bf16_never 150 "${c[@]}" --fp8 none "${never[@]}"
-  ours 0 1 1b_bf16_amb99 150 "${c[@]}" --fp8 none "${amb[@]}"
+  ours 0 1 1b_bf16_amb99_never 150 "${c[@]}" --fp8 none "${AMB99[@]}" "${NEVER[@]}"
+  ours 0 1 1b_bf16_never 150 "${c[@]}" --fp8 none "${NEVER[@]}"
+  ours 0 1 1b_bf16_amb99 150 "${c[@]}" --fp8 none "${AMB99[@]}"
   titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise
-  ours 0 1 1b_fp8_amb99_never 150 "${c[@]}" --fp8 tensorwise "${amb[@]}" "${never[@]}"
-  ours 0 1 1b_fp8_never 150 "${c[@]}" --fp8 tensorwise "${never[@]}"
-  ours 0 1 1b_fp8_amb99 150 "${c[@]}" --fp8 tensorwise "${amb[@]}"
+  ours 0 1 1b_fp8_amb99_never 150 "${c[@]}" --fp8 tensorwise "${AMB99[@]}" "${NEVER[@]}"
+  ours 0 1 1b_fp8_never 150 "${c[@]}" --fp8 tensorwise "${NEVER[@]}"
+  ours 0 1 1b_fp8_amb99 150 "${c[@]}" --fp8 tensorwise "${AMB99[@]}"
 }
 
 part_final2() {
@@ -286,12 +287,11 @@ part_final8b() {
 part_h100spend() {
   note "h100spend: 1b on one H100, activation memory budget 0.99 (+ reshard never); torchtitan"
   local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}")
-  local amb=(--set parallel.activation_memory_budget=0.99) never=(--set parallel.reshard_after_forward=never)
   titan 0 1 1b_bf16 120 "${P1B[@]}" --fp8 none
-  ours 0 1 1b_bf16_amb99_never 120 "${c[@]}" --fp8 none "${amb[@]}" "${never[@]}"
+  ours 0 1 1b_bf16_amb99_never 120 "${c[@]}" --fp8 none "${AMB99[@]}" "${NEVER[@]}"
   titan 0 1 1b_fp8 120 "${P1B[@]}" --fp8 tensorwise
-  ours 0 1 1b_fp8_amb99 120 "${c[@]}" --fp8 tensorwise "${amb[@]}"
-  ours 0 1 1b_fp8_amb99_never 120 "${c[@]}" --fp8 tensorwise "${amb[@]}" "${never[@]}"
+  ours 0 1 1b_fp8_amb99 120 "${c[@]}" --fp8 tensorwise "${AMB99[@]}"
+  ours 0 1 1b_fp8_amb99_never 120 "${c[@]}" --fp8 tensorwise "${AMB99[@]}" "${NEVER[@]}"
 }
 
 part_titan1b() {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from testlib import TRAJECTORY_STRATEGIES, assert_same_trajectory, spawn
+from testlib import TRAJECTORY_STRATEGIES, assert_same_trajectory, rank0_result
 
 import train.loss as loss_mod
 from train.config import load_config
@@ -240,15 +240,11 @@ def _check(results):
 
 
 def test_trainer_modes_agree_in_one_process(tmp_path):
-    out = tmp_path / "r.pt"
-    _trajectories(0, 1, {"single": []}, out)
-    _check(torch.load(out))
+    _check(rank0_result(_trajectories, tmp_path, 1, {"single": []}))
 
 
 def test_trainer_modes_agree_with_fsdp2_and_ddp_on_2_gloo_ranks(tmp_path):
-    out = tmp_path / "r.pt"
-    spawn(_trajectories, 2, TRAJECTORY_STRATEGIES, out)
-    results = torch.load(out)
+    results = rank0_result(_trajectories, tmp_path, 2, TRAJECTORY_STRATEGIES)
     assert len(results) == len(TRAJECTORY_STRATEGIES) * len(MODES)
     _check(results)
 

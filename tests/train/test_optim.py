@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from testlib import BASE, TRAJECTORY_STRATEGIES, assert_same_trajectory, spawn
+from testlib import BASE, TRAJECTORY_STRATEGIES, assert_same_trajectory, rank0_result
 
 from train.optim import clip_divisor
 
@@ -83,14 +83,10 @@ def _check(results):
 
 
 def test_trainer_clip_in_step_in_one_process(tmp_path):
-    out = tmp_path / "r.pt"
-    _trajectories(0, 1, {"single": []}, out)
-    _check(torch.load(out))
+    _check(rank0_result(_trajectories, tmp_path, 1, {"single": []}))
 
 
 def test_trainer_clip_in_step_with_fsdp2_and_ddp_on_2_gloo_ranks(tmp_path):
-    out = tmp_path / "r.pt"
-    spawn(_trajectories, 2, TRAJECTORY_STRATEGIES, out)
-    results = torch.load(out)
+    results = rank0_result(_trajectories, tmp_path, 2, TRAJECTORY_STRATEGIES)
     assert len(results) == 2 * len(TRAJECTORY_STRATEGIES)
     _check(results)
