@@ -107,8 +107,10 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, job.optim, decay)
         self.scaler = amp.grad_scaler(self.precision, self.device)
         self.clip_in_step = clip_in_step(self.optimizer, job.optim, self.scaler, self.par)
-        # fused AdamW decides on the GPU whether to apply a step (found_inf): no wait before it
-        self.device_gated = self.scaler is None and all(g.get("fused") for g in self.optimizer.param_groups)
+        # fused AdamW decides on the GPU whether to apply a step (found_inf): no wait before it.
+        # Not with FSDP CPU offload (its own clip_grad_norm): the step runs on host tensors there.
+        self.device_gated = (self.scaler is None and self.par.clip_grad_norm is None
+                             and all(g.get("fused") for g in self.optimizer.param_groups))
         self.accum = grad_accum_steps(job, self.par.dp_world)
         self.loader = build_loader(
             job.data, job.train.seq_len, job.train.batch_size,
