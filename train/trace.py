@@ -139,7 +139,8 @@ class StepTracer:
         log.info("communication: %s", comm["text"])
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The sorted, merged union of ``(start, end)`` intervals."""
     out: list[tuple[float, float]] = []
     for s, e in sorted(intervals):
         if out and s <= out[-1][1]:
@@ -161,7 +162,7 @@ def exposed_communication(trace_path: Path) -> dict:
     kernels = [e for e in spans if e.get("cat") == "kernel"]
     if kernels:
         comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower()]
-        compute = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()])
+        compute = union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()])
         total = sum(e - s for s, e in comm) / 1e3
         exposed = sum((e - s) - _covered((s, e), compute) for s, e in comm) / 1e3
         return {"device": "gpu", "comm_ms": total, "exposed_ms": exposed,
@@ -172,6 +173,6 @@ def exposed_communication(trace_path: Path) -> dict:
     ops = [e for e in spans if e.get("cat") == "cpu_op" and _COMM.search(str(e.get("name", "")))
            and (main_tid is None or e.get("tid") == main_tid)]
     # nested comm ops (c10d::allreduce_ inside record_param_comms...) count once
-    total = sum(e - s for s, e in _union([(e["ts"], e["ts"] + e["dur"]) for e in ops])) / 1e3
+    total = sum(e - s for s, e in union([(e["ts"], e["ts"] + e["dur"]) for e in ops])) / 1e3
     return {"device": "cpu", "comm_ms": total, "exposed_ms": total,
             "text": f"{total:.2f} ms in communication ops on the training thread (CPU/gloo: the loop waits there)"}

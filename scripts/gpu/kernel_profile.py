@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from train.trace import union
+
 CATEGORIES = (  # first match wins
     ("nccl", re.compile(r"nccl", re.I)),
     ("attention", re.compile(r"cudnn|flash|fmha|attention|sdpa", re.I)),
@@ -49,31 +51,17 @@ def category(name: str) -> str:
     return "other"
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
-
-
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_CATS = ("cpu_op", "user_annotation", "python_function")
 
 
-def _gaps(intervals: list[tuple[float, float]], min_us: float) -> list[tuple[float, float]]:
-    """The holes of the union of ``intervals`` that last at least ``min_us``."""
-    out, end = [], None
-    for s, e in sorted(intervals):
-        if end is not None and s - end >= min_us:
-            out.append((end, s))
-        end = e if end is None else max(end, e)
-    return out
+def _gaps(merged: list[tuple[float, float]], min_us: float) -> list[tuple[float, float]]:
+    """The holes between the intervals of a ``union`` that last at least ``min_us``."""
+    return [(a[1], b[0]) for a, b in zip(merged, merged[1:]) if b[0] - a[1] >= min_us]
 
 
-def idle_causes(events: list[dict], gpu: list[dict], steps: int, top: int = 15, min_us: float = 20.0) -> list[dict]:
+def idle_causes(events: list[dict], busy: list[tuple[float, float]], steps: int, top: int = 15,
+                min_us: float = 20.0) -> list[dict]:
     """GPU idle gaps (>= ``min_us``) by what the training thread was doing meanwhile: the chain of
     CPU ranges (record_function phases, ops) open at the gap's midpoint, outermost first."""
     marks = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
@@ -83,7 +71,7 @@ def idle_causes(events: list[dict], gpu: list[dict], steps: int, top: int = 15, 
     cpu = sorted((e for e in events if e.get("cat") in CPU_CATS and e.get("tid") == tid
                   and not str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
     totals: dict[str, list] = {}
-    for gs, ge in _gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu], min_us):
+    for gs, ge in _gaps(busy, min_us):
         mid = (gs + ge) / 2
         chain = [e["name"] for e in cpu if e["ts"] <= mid <= e["ts"] + e["dur"]]
         key = " > ".join(chain[:2] + (["..."] if len(chain) > 3 else []) + chain[2:][-1:]) or "(no CPU range)"
@@ -115,7 +103,8 @@ def breakdown(trace: dict, steps: int, top: int = 25) -> dict:
     for e in gpu:
         if e.get("cat") != "kernel":
             by_cat["memcpy_memset"] = by_cat.get("memcpy_memset", 0.0) + e["dur"]
-    busy = _union_length([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    busy_spans = union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    busy = sum(e - s for s, e in busy_spans)
     per = 1e3 * steps
     return {
         "steps": steps,
@@ -124,7 +113,7 @@ def breakdown(trace: dict, steps: int, top: int = 25) -> dict:
         "busy_ms_per_step": busy / per,
         "kernel_ms_per_step": sum(by_cat.values()) / per,
         "idle_ms_per_step": (end - start - busy) / per,
-        "idle_causes": idle_causes(events, gpu, steps),
+        "idle_causes": idle_causes(events, busy_spans, steps),
         "category_ms_per_step": {k: v / per for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": n[:160], "category": c, "ms_per_step": t / per, "calls_per_step": k / steps}
                         for n, (t, k, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]],
@@ -159,36 +148,49 @@ def write_report(out: Path, name: str, rank: int, data: dict, render) -> None:
         print(text, flush=True)
 
 
-class StepProfiler:
-    """torch.profiler over ``active`` optimizer steps after ``skip``; one hook, one optimizer counted."""
+class _PerStep:
+    """Called once per training step by a global optimizer step post-hook. An optimizer
+    container (torchtitan's) and its members may both fire: the first object seen counts."""
+
+    def __init__(self, out: Path, name: str):
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.out, self.name = out, name
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.owner, self.done = None, False
+        register_optimizer_step_post_hook(self._hook)
+
+    def _hook(self, optimizer, *_args, **_kwargs) -> None:
+        import torch
+
+        if self.owner is None:
+            self.owner = id(optimizer)
+        if id(optimizer) != self.owner or self.done or (self.needs_cuda and not torch.cuda.is_available()):
+            return
+        # a step's kernels run inside its window: the GPU may still be on this step's
+        # backward when the optimizer returns (torchtitan's loop does not wait there)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.step()
+
+
+class StepProfiler(_PerStep):
+    """torch.profiler over ``active`` optimizer steps after ``skip``."""
+
+    needs_cuda = False  # on the CPU the window still closes (and says there were no kernels)
 
     def __init__(self, out: Path, name: str, skip: int, active: int):
         import torch
 
-        self.out, self.name, self.active = out, name, active
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.owner = None
-        self.done = False
+        self.active = active
         sched = torch.profiler.schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1)
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         self.prof = torch.profiler.profile(activities=acts, schedule=sched, on_trace_ready=self._ready)
         self.prof.start()
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        super().__init__(out, name)
 
-        register_optimizer_step_post_hook(self._hook)
-
-    def _hook(self, optimizer, *_args, **_kwargs) -> None:
-        # an optimizer container (torchtitan's) and its members may both fire: count one object
-        if self.owner is None:
-            self.owner = id(optimizer)
-        if id(optimizer) == self.owner and not self.done:
-            # a step's kernels run inside its window: the GPU may still be on this step's
-            # backward when the optimizer returns (torchtitan's loop does not wait there)
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self.prof.step()
+    def step(self) -> None:
+        self.prof.step()
 
     def _ready(self, prof) -> None:
         self.done = True
@@ -265,27 +267,20 @@ def memory_table(name: str, m: dict) -> str:
     return "\n".join(lines)
 
 
-class MemoryPeak:
+class MemoryPeak(_PerStep):
     """Records the allocator's history through optimizer step ``skip`` + 1 and reports the
     peak of that step: what was live there and where it was allocated."""
 
+    needs_cuda = True
+
     def __init__(self, out: Path, name: str, skip: int, active: int):
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        self.skip, self.count, self.base = skip, 0, 0
+        super().__init__(out, name)
 
-        self.out, self.name, self.skip = out, name, skip
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.owner, self.count, self.done, self.base = None, 0, False, 0
-        register_optimizer_step_post_hook(self._hook)
-
-    def _hook(self, optimizer, *_args, **_kwargs) -> None:
+    def step(self) -> None:
         import torch
 
-        if self.owner is None:
-            self.owner = id(optimizer)
-        if id(optimizer) != self.owner or self.done or not torch.cuda.is_available():
-            return
         self.count += 1
-        torch.cuda.synchronize()
         if self.count == self.skip:
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
