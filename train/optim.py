@@ -24,12 +24,18 @@ def build_optimizer(model: torch.nn.Module, cfg, device: torch.device) -> torch.
     )
 
 
-def clip_in_step(optimizer: torch.optim.Optimizer, cfg, scaler, par) -> bool:
-    """Whether the gradient clip goes into the optimizer's kernel (``optim.clip_in_step``): only
-    torch's fused AdamW takes a ``grad_scale`` (it divides every gradient by it), and only when
-    no GradScaler (fp16) claims that slot and the parallel setup clips with torch's norm."""
-    fused = all(g.get("fused") for g in optimizer.param_groups)
-    return bool(cfg.clip_in_step and cfg.grad_clip > 0 and fused and scaler is None and par.clip_grad_norm is None)
+def device_gated(optimizer: torch.optim.Optimizer, scaler, par) -> bool:
+    """Whether the step can be queued before the host reads the step's agreement: only torch's
+    fused AdamW takes ``found_inf`` (and ``grad_scale``), no GradScaler (fp16) may claim those
+    slots, and the step must run on the device's tensors (not FSDP CPU offload, which installs
+    its own ``clip_grad_norm``)."""
+    return scaler is None and par.clip_grad_norm is None and all(g.get("fused") for g in optimizer.param_groups)
+
+
+def clip_in_step(cfg, gated: bool) -> bool:
+    """Whether the gradient clip goes into the fused AdamW kernel (``optim.clip_in_step``): it
+    divides every gradient by its ``grad_scale``; needs a ``device_gated`` step."""
+    return bool(gated and cfg.clip_in_step and cfg.grad_clip > 0)
 
 
 def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:

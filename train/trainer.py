@@ -24,7 +24,7 @@ from train.hardware import peak_bf16_tflops
 from train.loss import head_args, loss_from
 from train.metrics import MetricsLogger, ProgressBar, StepTimer, mfu, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
-from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step
+from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step, device_gated
 from train.parallel import ParallelDims, Parallelized, parallelize
 from train.parallel.attention import attention_context
 from train.precision import amp
@@ -47,6 +47,7 @@ _GRAD_SYNC = {
     "ddp": "all_reduce (DDP gradient buckets, backward)",
     "fsdp": "all_gather/reduce_scatter (FSDP forward/backward)",
 }
+_AGREEMENT = "all_reduce (per-step loss/NaN/SIGTERM agreement)"
 
 
 @dataclass
@@ -106,11 +107,9 @@ class Trainer:
         decay = job.optim.decay_steps or job.train.steps
         self.scheduler = build_scheduler(self.optimizer, job.optim, decay)
         self.scaler = amp.grad_scaler(self.precision, self.device)
-        self.clip_in_step = clip_in_step(self.optimizer, job.optim, self.scaler, self.par)
-        # fused AdamW decides on the GPU whether to apply a step (found_inf): no wait before it.
-        # Not with FSDP CPU offload (its own clip_grad_norm): the step runs on host tensors there.
-        self.device_gated = (self.scaler is None and self.par.clip_grad_norm is None
-                             and all(g.get("fused") for g in self.optimizer.param_groups))
+        # fused AdamW decides on the GPU whether to apply a step (found_inf): no wait before it
+        self.device_gated = device_gated(self.optimizer, self.scaler, self.par)
+        self.clip_in_step = clip_in_step(job.optim, self.device_gated)
         self.accum = grad_accum_steps(job, self.par.dp_world)
         self.loader = build_loader(
             job.data, job.train.seq_len, job.train.batch_size,
@@ -225,13 +224,13 @@ class Trainer:
             torch.full((), float(self.checkpointer.ready()), device=self.device),
         ])
         if self.info.backend is not None:
-            with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
+            with tdist.collective(_AGREEMENT):
                 vec = small_all_reduce(vec, self.job.comm.small_reduce)  # comm.small_reduce: nccl | symm_mem
         return vec
 
     def _agree_read(self, vec: torch.Tensor) -> tuple[float, bool, bool]:
         """The host's one wait per step: (mean loss, anything non-finite, stop requested)."""
-        with tdist.collective("all_reduce (per-step loss/NaN/SIGTERM agreement)"):
+        with tdist.collective(_AGREEMENT):
             total, bad, stop, written = vec.tolist()
         mean_loss = total / self.info.world_size
         self._ckpt_written = written >= self.info.world_size
@@ -274,9 +273,11 @@ class Trainer:
                 norm_bad = (~torch.isfinite(grad_norm) if self.scaler is None
                             else torch.zeros((), dtype=torch.bool, device=grad_norm.device))
                 vec = self._agree_start(loss, norm_bad)
+                # hooks after the step may read gradients (LocalSGD's averager): zero them after those
+                zero_early = self.device_gated and not self.par.after_optimizer_step
                 if self.device_gated:
                     self._device_gated_step(vec, grad_norm)
-                    if not self.par.after_optimizer_step:  # hooks may read gradients (LocalSGD's averager)
+                    if zero_early:
                         self.optimizer.zero_grad(set_to_none=True)
                 mean_loss, nonfinite, stop = self._agree_read(vec)
             if nonfinite:
@@ -287,7 +288,8 @@ class Trainer:
                 self.scheduler.step()
                 for hook in self.par.after_optimizer_step:
                     hook()
-            self.optimizer.zero_grad(set_to_none=True)
+            if not zero_early:
+                self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
         return mean_loss, float(grad_norm), stop
 

@@ -64,3 +64,21 @@ def test_inductor_cache_dir_defaults_to_ours_and_respects_the_user(monkeypatch, 
     # Inductor writes its /tmp default into the variable when asked first: not a user choice.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     assert inductor_cache_dir() == ours and cache_dir() == str(ours)
+
+
+def test_activation_memory_budget_is_set_per_job_not_left_behind(monkeypatch, tmp_path):
+    """torch's setting is process-wide: each job's compile sets it, 1.0 included."""
+    import torch._functorch.config as functorch_config
+    from torch import nn
+
+    from train.parallel.compile import apply_compile
+    from train.parallel.config import ParallelConfig
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(functorch_config, "activation_memory_budget", 1.0)
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": nn.Linear(4, 4)})
+    for budget in (0.5, 1.0):
+        pcfg = ParallelConfig(compile=True, compile_backend="aot_eager", activation_memory_budget=budget)
+        assert apply_compile(model, pcfg) == 1
+        assert functorch_config.activation_memory_budget == budget

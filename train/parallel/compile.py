@@ -47,10 +47,10 @@ def apply_compile(model: nn.Module, pcfg) -> int:
     if not pcfg.compile:
         return 0
     inductor_cache_dir()
-    if pcfg.activation_memory_budget < 1:
-        import torch._functorch.config as functorch_config
+    # process-wide: set on every compile, so that one job's budget does not outlive it
+    import torch._functorch.config as functorch_config
 
-        functorch_config.activation_memory_budget = pcfg.activation_memory_budget
+    functorch_config.activation_memory_budget = pcfg.activation_memory_budget
     kwargs = {"backend": pcfg.compile_backend, "fullgraph": True}
     if pcfg.compile_backend == "inductor" and pcfg.compile_mode != "default":
         kwargs["mode"] = pcfg.compile_mode
