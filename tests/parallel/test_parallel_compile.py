@@ -75,10 +75,10 @@ def test_activation_memory_budget_is_set_per_job_not_left_behind(monkeypatch, tm
     from train.parallel.config import ParallelConfig
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(functorch_config, "activation_memory_budget", 1.0)
     model = nn.Module()
     model.layers = nn.ModuleDict({"0": nn.Linear(4, 4)})
-    for budget in (0.5, 1.0):
-        pcfg = ParallelConfig(compile=True, compile_backend="aot_eager", activation_memory_budget=budget)
-        assert apply_compile(model, pcfg) == 1
-        assert functorch_config.activation_memory_budget == budget
+    with functorch_config.patch(activation_memory_budget=1.0):  # torch's own save/restore
+        for budget in (0.5, 1.0):
+            pcfg = ParallelConfig(compile=True, compile_backend="aot_eager", activation_memory_budget=budget)
+            assert apply_compile(model, pcfg) == 1
+            assert functorch_config.activation_memory_budget == budget
