@@ -7,7 +7,7 @@ import contextlib
 import gc
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -141,7 +141,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         with torch.device("meta"):
-            model = Transformer(job.model)
+            model = Transformer(replace(job.model, max_seq_len=job.train.seq_len))  # rope table: the positions used
         model = apply_float8(model, job.fp8, self.device, self.dims)
 
         def materialize(m: torch.nn.Module) -> None:
@@ -197,7 +197,7 @@ class Trainer:
             inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
             sync_ctx = self.par.no_sync() if micro < self.accum - 1 else contextlib.nullcontext()
             attention = attention_context(self.job.parallel, self.device, self.par.inner)  # forward and backward (AC)
-            with sync_ctx, self.par.loss_context(), attention:
+            with sync_ctx, self.par.micro_batch_context(), self.par.loss_context(), attention:
                 with phase("forward"):
                     with amp.autocast(self.precision, self.device), self.par.forward_context():
                         out = self.par.model(inputs, *head_args(self.par, self.job.train, targets))

@@ -41,6 +41,17 @@
 #                                           the chunked loss (2048-token chunks).
 #   PART=h100spend bash scripts/gpu/perf.sh 1 GPU (H100), ~4 min: the 1b points with activation_memory_budget=0.99
 #                                           (+ reshard_after_forward=never), both sides.
+#   PART=cast1b bash scripts/gpu/perf.sh   1 GPU, ~6 min: 1b bf16 and FP8 with parallel.fsdp_one_rank=cast (the
+#                                           default), bf16 also with activation_memory_budget 0.999/0.995/0.99;
+#                                           torchtitan; a kernel profile of ours.
+#   PART=mem1b bash scripts/gpu/perf.sh    1 GPU, ~5 min: what is live at the peak of a 1b FP8 step, both sides;
+#                                           ours FP8 with the chunked loss (4096/8192) and budget 0.999.
+#   PART=h100cast bash scripts/gpu/perf.sh 1 GPU (H100), ~6 min: the 1b points with fsdp_one_rank=cast, bf16 with
+#                                           the chunked loss and budget 0.999; the peak of a 1b bf16 step (ours).
+#   PART=final3 bash scripts/gpu/perf.sh   2xH200, ~6 min: 8b bf16 (ac_skip_last 8/9/10) and FP8 (11/12), 1b FSDP2
+#                                           (default, budget 0.99, budget 0.99 + reshard never); torchtitan.
+#   PART=skip8b bash scripts/gpu/perf.sh   2xH200, ~10 min: 8b bf16 and FP8, parallel.ac_skip_last 8/11/14 (one
+#                                           launch each); torchtitan AC full.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for
@@ -337,12 +348,16 @@ part_h100() {
   ours 0 1 1b_fp8 150 --strategy fsdp --fp8 tensorwise "${P1B[@]}" "${OURS[@]}"
 }
 
+# shellcheck source=scripts/gpu/perf_cast_skip.sh
+source "$(dirname "$0")/perf_cast_skip.sh"
+
 IFS=, read -r -a PARTS <<<"$PART"
 for p in "${PARTS[@]}"; do
-  case "$p" in
-    gputests | profile | optstep | memory | tune1b | spend1b | final2 | mem8b | final8b | h100spend | levers | attn | fp8loss1b | titan1b | titan8b | rowwise | fp8loss | h100) "part_$p" ;;
-    *) note "unknown PART=$p (gputests, profile, optstep, memory, tune1b, spend1b, final2, mem8b, final8b, h100spend, levers, attn, fp8loss1b, titan1b, titan8b, rowwise, fp8loss, h100)"; exit 2 ;;
-  esac
+  if ! declare -F "part_$p" >/dev/null; then
+    note "unknown PART=$p ($(declare -F | sed -n 's/^declare -f part_//p' | paste -sd, -))"
+    exit 2
+  fi
+  "part_$p"
 done
 
 python3 "$(dirname "$0")/perf_summary.py" "$W" >"$W/summary.md" 2>>"$LOG" || note "summary failed"

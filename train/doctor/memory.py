@@ -394,7 +394,7 @@ def estimate(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> Mem
         raise ValueError("batch and seq must be >= 1")
     s = _sizes(cfg, plan)
     params = grads = 4 * s.local
-    buffers = 4 * cfg.max_seq_len * cfg.head_dim  # RoPE cos/sin cache, fp32, replicated
+    buffers = 4 * seq * cfg.head_dim  # RoPE cos/sin table, fp32, replicated: the trainer sizes it to train.seq_len
     optimizer = 8 * s.local + 4 * s.tensors
     ckpt_blocks = _checkpointed(cfg, plan)
     act = _activations(cfg, batch, seq, plan, len(ckpt_blocks))

@@ -23,21 +23,27 @@ def parallelize(model: nn.Module, job, info, materialize: Callable[[nn.Module], 
     """``materialize(model)`` allocates real storage and initialises weights; each
     strategy calls it at the right moment (before DDP wraps, after FSDP shards).
     ``dims``: the run's resolved dims (made from ``job`` and ``info`` when not given)."""
-    from train.parallel import ddp, fsdp
+    from train.parallel import cast, ddp, fsdp
     from train.parallel.ac import apply_ac
     from train.parallel.compile import apply_compile
+    from train.precision.amp import resolve_precision
     from train.precision.fp8 import attach_float8
 
     if dims is None:
         dims = ParallelDims.from_job(job, info.world_size)
-    if info.backend is None or not dims.fsdp_enabled:
-        # One process (nothing to wrap) or DDP: checkpointing and compile go on the bare
-        # blocks first. FSDP applies them itself, after TP and before sharding.
+    precision = resolve_precision(job.train.precision, info.device)
+    dtype = fsdp.param_dtype(job.parallel, precision)
+    one_rank = cast.cast_applies(job, dims, dtype)
+    if info.backend is None or not dims.fsdp_enabled or one_rank:
+        # One process or rank (nothing to wrap or shard) or DDP: checkpointing and compile go
+        # on the bare blocks first. FSDP applies them itself, after TP and before sharding.
         apply_ac(model, job.parallel)
         apply_compile(model, job.parallel)
-    if info.backend is None:
+    if one_rank or info.backend is None:
         materialize(model)
         par = Parallelized(model=model, inner=model)
+        if one_rank:  # FSDP's mixed precision without its one-rank copies (train/parallel/cast.py)
+            cast.attach(par, model, dtype, recompute=job.parallel.ac != "none", autocast=precision == "bf16")
     else:
         apply = fsdp.apply_fsdp if dims.fsdp_enabled else ddp.apply_ddp
         par = apply(model, job, info, materialize, dims)

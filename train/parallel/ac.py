@@ -7,6 +7,10 @@
   and attention, every second matmul excepted, as torchtitan does) are saved and only the
   cheap elementwise ops are recomputed (``torch.utils.checkpoint``'s
   ``create_selective_checkpoint_contexts``).
+* ``ac_skip_last`` = k (any mode): the last k blocks are not checkpointed. Backward reaches
+  them first, while few gradients are held yet: with FSDP at 8b the step's peak is at the end
+  of backward (parameters, optimizer state and every gradient), so the activations of the
+  last blocks can fit under it and their recompute is saved.
 
 Blocks are replaced in ``model.layers`` by torch's ``checkpoint_wrapper``. That inserts
 ``_checkpoint_wrapped_module.`` into ``named_parameters()`` names, but
@@ -79,8 +83,10 @@ def apply_ac(model: nn.Module, pcfg) -> int:
     if pcfg.ac == "none":
         return 0
     wrapped = 0
-    for i, (name, block) in enumerate(list(model.layers.items())):
-        if pcfg.ac == "selective" and i % pcfg.ac_every:
+    blocks = list(model.layers.items())
+    last = len(blocks) - pcfg.ac_skip_last  # ac_skip_last: the blocks from here on are left alone
+    for i, (name, block) in enumerate(blocks):
+        if (pcfg.ac == "selective" and i % pcfg.ac_every) or i >= last:
             continue
         model.layers[name] = _wrap(block, pcfg.ac)
         wrapped += 1

@@ -26,8 +26,22 @@ class Parallelized:
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     # entered around loss computation + backward (e.g. loss_parallel() for vocab-sharded logits)
     loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # entered around each micro-batch's forward and backward, activation recompute included
+    # (the one-rank parameter casts of train/parallel/cast.py)
+    micro_batch_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     # global gradient norm (clipping when max_norm > 0); FSDP CPU offload installs its own
     clip_grad_norm: Callable[[Any, float], Any] = None  # type: ignore[assignment]
+
+    def add_forward_context(self, factory: Callable[[], contextlib.AbstractContextManager]) -> None:
+        """Enter ``factory()`` around the forward too, inside the contexts added before it."""
+        outer = self.forward_context
+
+        @contextlib.contextmanager
+        def both():
+            with outer(), factory():
+                yield
+
+        self.forward_context = factory if outer is contextlib.nullcontext else both
 
     def clip_grads(self, max_norm: float):
         """Global gradient norm of the model's parameters (DTensor-aware), clipped in place when ``max_norm`` > 0."""

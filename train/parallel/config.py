@@ -28,12 +28,18 @@ class ParallelConfig:
     reshard_after_forward: str = "auto"  # auto (every block but the last) | always | never (ZeRO-2 like)
     cpu_offload: bool = False  # keep sharded params, grads and optimizer state in host memory
     fsdp_prefetch: int = 1  # blocks to all-gather ahead explicitly (forward and backward); 0 = FSDP's implicit
+    # one rank (world size 1): cast = FSDP's mixed precision by casting the parameters in the forward,
+    # without fully_shard's one-rank copies (train/parallel/cast.py) | shard = fully_shard as on many ranks
+    fsdp_one_rank: str = "cast"
     # tensor parallel knobs (tp > 1)
     sequence_parallel: bool = True  # shard norms/residual stream over the sequence between TP regions
     loss_parallel: bool = False  # keep logits sharded over the vocabulary for the cross-entropy
     # activation checkpointing / compile
     ac: str = "none"  # none | full | selective | op
     ac_every: int = 2  # selective: checkpoint every k-th block
+    # the last k blocks are not checkpointed (any ac mode): backward reaches them first, while
+    # few gradients are held yet, so their activations raise the peak less than other blocks' would
+    ac_skip_last: int = 0
     compile: bool = False
     compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs
     compile_backend: str = "inductor"  # inductor | aot_eager (debugging: traces, no code generation)
@@ -67,6 +73,8 @@ class ParallelConfig:
             )
         if not 0 < self.activation_memory_budget <= 1:
             raise ConfigError(f"parallel.activation_memory_budget: must be in (0, 1], got {self.activation_memory_budget}")
+        if self.fsdp_one_rank not in ("cast", "shard"):
+            raise ConfigError(f"parallel.fsdp_one_rank: must be cast or shard, got {self.fsdp_one_rank!r}")
         if self.fsdp_prefetch < 0:
             raise ConfigError(f"parallel.fsdp_prefetch: must be >= 0, got {self.fsdp_prefetch}")
         if self.cpu_offload and self.strategy != "fsdp":
@@ -75,6 +83,8 @@ class ParallelConfig:
             raise ConfigError(f"parallel.ac: must be none, full, selective or op, got {self.ac!r}")
         if self.ac_every < 1:
             raise ConfigError(f"parallel.ac_every: must be >= 1, got {self.ac_every}")
+        if self.ac_skip_last < 0:
+            raise ConfigError(f"parallel.ac_skip_last: must be >= 0, got {self.ac_skip_last}")
         if self.compile_mode not in COMPILE_MODES:
             raise ConfigError(f"parallel.compile_mode: must be one of {', '.join(COMPILE_MODES)}")
         if self.sdpa_backend not in SDPA_BACKENDS:

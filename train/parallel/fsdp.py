@@ -48,12 +48,15 @@ from train.precision.amp import resolve_precision
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def mixed_precision_policy(pcfg, precision: str) -> MixedPrecisionPolicy:
+def param_dtype(pcfg, precision: str) -> torch.dtype | None:
+    """The dtype of the unsharded parameters in forward and backward (None: as stored, fp32)."""
     if pcfg.fsdp_param_dtype == "auto":
-        param_dtype = torch.bfloat16 if precision == "bf16" else None
-    else:
-        param_dtype = _DTYPES[pcfg.fsdp_param_dtype]
-    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=_DTYPES[pcfg.fsdp_reduce_dtype])
+        return torch.bfloat16 if precision == "bf16" else None
+    return _DTYPES[pcfg.fsdp_param_dtype]
+
+
+def mixed_precision_policy(pcfg, precision: str) -> MixedPrecisionPolicy:
+    return MixedPrecisionPolicy(param_dtype=param_dtype(pcfg, precision), reduce_dtype=_DTYPES[pcfg.fsdp_reduce_dtype])
 
 
 def _reshard_policy(mode: str, index: int, n_blocks: int) -> bool:

@@ -120,7 +120,7 @@ def attach_float8(par, fp8_cfg) -> None:
     if fp8_cfg.backend == "te":
         from train.precision import fp8_te
 
-        par.forward_context = fp8_te.forward_context(fp8_cfg.resolved_recipe)
+        par.add_forward_context(fp8_te.forward_context(fp8_cfg.resolved_recipe))
     elif fp8_cfg.backend == "torchao":
         from train.precision import fp8_torchao
 

@@ -1,0 +1,100 @@
+# shellcheck shell=bash
+# The parts of scripts/gpu/perf.sh that measure parallel.fsdp_one_rank=cast and
+# parallel.ac_skip_last (issue 12, third pass); sourced by perf.sh, which defines the helpers
+# (ours, titan, profiled, plan, note) and the shapes (P1B, P8B, OURS, AMB99, KP_ARGS).
+# shellcheck disable=SC2034  # KP_ARGS is read by perf.sh's profiled()
+part_cast1b() {
+  note "cast1b: 1b on one GPU, parallel.fsdp_one_rank=cast (default), activation memory budgets; torchtitan"
+  local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}") p
+  p=$(plan amb <<'EOF'
+- {set: [parallel.activation_memory_budget=0.999]}
+- {set: [parallel.activation_memory_budget=0.995]}
+- {set: [parallel.activation_memory_budget=0.99]}
+EOF
+)
+  titan 0 1 1b_bf16 140 "${P1B[@]}" --fp8 none
+  ours 0 1 1b_bf16_cast 120 "${c[@]}" --fp8 none
+  ours 0 1 1b_bf16_cast_amb 180 "${c[@]}" --fp8 none --plan "$p"
+  titan 0 1 1b_fp8 140 "${P1B[@]}" --fp8 tensorwise
+  ours 0 1 1b_fp8_cast 120 "${c[@]}" --fp8 tensorwise
+  profiled ours kp_ours_1b_bf16_cast 120 "${c[@]}" --fp8 none
+}
+
+part_mem1b() {
+  note "mem1b: the peak of one 1b FP8 step, torchtitan and ours (cast); ours FP8 with the chunked loss, budget 0.999"
+  local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}") p
+  p=$(plan fp8mem <<'EOF'
+- {set: [train.loss=chunked, train.loss_chunk_tokens=4096]}
+- {set: [train.loss=chunked, train.loss_chunk_tokens=8192]}
+- {set: [parallel.activation_memory_budget=0.999]}
+EOF
+)
+  KP_ARGS=(--skip 6 --memory)
+  profiled titan mem_titan_1b_fp8 120 "${P1B[@]}" --fp8 tensorwise
+  profiled ours mem_ours_1b_fp8 120 "${c[@]}" --fp8 tensorwise
+  KP_ARGS=(--skip 10 --active 3)
+  ours 0 1 1b_fp8_mem 200 "${c[@]}" --fp8 tensorwise --plan "$p"
+}
+
+part_h100cast() {
+  note "h100cast: the 1b points on one GPU with parallel.fsdp_one_rank=cast; bf16 loss/budget variants; the bf16 peak"
+  local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}") p
+  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=8192)
+  p=$(plan bf16mem <<'EOF'
+- {set: [train.loss=chunked, train.loss_chunk_tokens=8192]}
+- {set: [parallel.activation_memory_budget=0.999]}
+- {set: [train.loss=chunked, train.loss_chunk_tokens=8192, parallel.activation_memory_budget=0.999]}
+EOF
+)
+  titan 0 1 1b_bf16 140 "${P1B[@]}" --fp8 none
+  ours 0 1 1b_bf16_cast 120 "${c[@]}" --fp8 none
+  ours 0 1 1b_bf16_cast_mem 200 "${c[@]}" --fp8 none --plan "$p"
+  titan 0 1 1b_fp8 140 "${P1B[@]}" --fp8 tensorwise
+  ours 0 1 1b_fp8_cast_chunk8k 120 "${c[@]}" --fp8 tensorwise "${chunk[@]}"
+  KP_ARGS=(--skip 6 --memory)
+  profiled ours mem_ours_1b_bf16_cast 120 "${c[@]}" --fp8 none
+  KP_ARGS=(--skip 10 --active 3)
+}
+
+part_skip8b() {
+  note "skip8b: 8b on 2 GPUs, AC full but the last k blocks (parallel.ac_skip_last), chunked loss; torchtitan AC full"
+  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=2048) p
+  p=$(plan skip8b <<'EOF'
+- {set: [parallel.ac_skip_last=8]}
+- {set: [parallel.ac_skip_last=11]}
+- {set: [parallel.ac_skip_last=14]}
+EOF
+)
+  titan 0,1 2 8b_bf16 140 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16_skip 200 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}" "${chunk[@]}" --plan "$p"
+  titan 0,1 2 8b_fp8 120 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8_skip 200 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}" --plan "$p"
+}
+
+part_final3() {
+  note "final3: 8b bf16 and FP8 on 2 GPUs with parallel.ac_skip_last near the memory limit, 1b FSDP2; torchtitan"
+  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=2048) pb pf p1
+  pb=$(plan skip_bf16 <<'EOF'
+- {set: [parallel.ac_skip_last=8]}
+- {set: [parallel.ac_skip_last=9]}
+- {set: [parallel.ac_skip_last=10]}
+EOF
+)
+  pf=$(plan skip_fp8 <<'EOF'
+- {set: [parallel.ac_skip_last=11]}
+- {set: [parallel.ac_skip_last=12]}
+EOF
+)
+  p1=$(plan fsdp2 <<'EOF'
+- {set: []}
+- {set: [parallel.activation_memory_budget=0.99]}
+- {set: [parallel.activation_memory_budget=0.99, parallel.reshard_after_forward=never]}
+EOF
+)
+  titan 0,1 2 8b_bf16 140 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16_skip 200 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}" "${chunk[@]}" --plan "$pb"
+  titan 0,1 2 8b_fp8 120 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8_skip 170 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}" --plan "$pf"
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_fsdp2 150 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --plan "$p1"
+}
