@@ -70,18 +70,32 @@ def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
 
 def _entry(rank: int, fn, world_size: int, port: int, args) -> None:
     import datetime
+    import faulthandler
 
     import torch
     import torch.distributed as dist
 
+    faulthandler.enable(all_threads=True)  # a C++ abort (SIGABRT) prints every thread's Python stack
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120))
     try:
         fn(rank, world_size, *args)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Success: no rank leaves while a peer's collective is in flight (gloo's barrier waits
+    # for this rank's earlier work), then the process ends without interpreter finalization.
+    # Gloo's worker threads outlive destroy_process_group (other objects still hold the
+    # groups); one that drops a Python-owned tensor while the interpreter finalizes is
+    # killed mid-destructor: "terminate called without an active exception", SIGABRT, a
+    # test failed after its work passed (CI, 1 in several hundred spawns).
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def child_env(extra_env: dict | None = None) -> dict:
