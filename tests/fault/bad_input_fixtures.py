@@ -91,6 +91,11 @@ def _run_dirs(tmp: Path) -> dict[str, str]:
     for name in ("fifo_lock_run", "link_lock_run"):
         (tmp / name).mkdir()
         runs[name] = str(tmp / name)
+    for name in ("ckfile_run", "metricsdir_run"):  # a run entry of the wrong kind
+        (tmp / name).mkdir()
+        runs[name] = str(tmp / name)
+    (tmp / "ckfile_run" / "checkpoints").write_text("not a directory\n")
+    (tmp / "metricsdir_run" / "metrics.jsonl").mkdir()
     os.mkfifo(tmp / "fifo_lock_run" / ".train.lock")
     (tmp / "link_lock_run" / ".train.lock").symlink_to(tmp / "afile")
     # a run directory whose lock names a run on another host (a shared file system without coherent flock)
