@@ -76,6 +76,12 @@ _ASCII_INT = re.compile(r"[+-]?[0-9]{1,30}")
 _ASCII_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+def control_chars(text: str) -> bool:
+    """``text`` holds a C0 control character or DEL (NUL, newline, escape...): never part
+    of a file name, path or name a job uses."""
+    return any(ord(ch) < 0x20 or ch == "\x7f" for ch in text)
+
+
 def parse_ascii_int(what: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise InputError(f"{what}: expected an integer, got {excerpt(value)}")
@@ -140,15 +146,25 @@ def _click_types():
                 self.fail(f"must be at least {self.minimum:g}, got {number:g}", param, ctx)
             return number
 
-    return StrictInt, StrictFloat
+    class CleanPath(click.Path):
+        """click.Path that refuses control characters (a NUL makes ``os.stat`` raise)
+        before it looks at the file system."""
+
+        def convert(self, value, param, ctx):
+            if isinstance(value, str) and control_chars(value):
+                self.fail(f"{excerpt(value)}: control characters in a path", param, ctx)
+            return super().convert(value, param, ctx)
+
+    return StrictInt, StrictFloat, CleanPath
 
 
 def harden_click(command) -> None:
     """Give every integer/float parameter of ``command`` (and its subcommands) the strict
-    types: a new ``type=int`` option is ASCII-only, bounded and finite by construction."""
+    types: a new ``type=int`` option is ASCII-only, bounded and finite by construction;
+    every ``click.Path`` refuses control characters (NUL, newline) in the name."""
     import click
 
-    strict_int, strict_float = _click_types()
+    strict_int, strict_float, clean_path = _click_types()
     commands = [command]
     while commands:
         cmd = commands.pop()
@@ -165,11 +181,13 @@ def harden_click(command) -> None:
                 param.type = strict_float(t.min)
             elif isinstance(t, click.types.FloatParamType):
                 param.type = strict_float()
+            elif type(t) is click.Path:  # same settings, control characters refused first
+                t.__class__ = clean_path
 
 
 def __getattr__(name: str):  # click types built lazily: this module is imported without click too
     if name in ("StrictInt", "StrictFloat"):
-        strict_int, strict_float = _click_types()
+        strict_int, strict_float, _ = _click_types()
         globals().update(StrictInt=strict_int, StrictFloat=strict_float)
         return globals()[name]
     raise AttributeError(name)
@@ -249,6 +267,10 @@ def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise YamlSyntaxError(f"{what}: malformed YAML{_yaml_where(exc)}") from None
+    except InputError:  # a ValueError too: the checks above
+        raise
+    except (ValueError, OverflowError) as exc:  # an int of 5000 digits, a date 2026-13-45
+        raise YamlSyntaxError(f"{what}: malformed YAML (a value cannot be read: {one_line(exc, EXCERPT_CHARS)})") from None
     except RecursionError:  # cannot happen within MAX_YAML_DEPTH, kept as a last guard
         raise InputError(f"{what}: nested too deeply") from None
     finally:
@@ -322,6 +344,8 @@ def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
         raise InputError(f"{what}: empty file name")
     p = Path(text)
     shown = excerpt(text)
+    if control_chars(text):
+        raise InputError(f"{what} {shown}: control characters in a file name")
     try:
         st = os.lstat(p)
     except FileNotFoundError:

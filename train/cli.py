@@ -101,6 +101,7 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
         preflight.check_launcher_env()
         preflight.check_device(job)
         preflight.check_data(job)
+        preflight.check_metric_files(job, out_dir)
     except (ConfigError, DataError) as exc:
         fail(str(exc), 2)
     if flight_recorder:
@@ -108,7 +109,7 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
 
     from train.trainer import run, should_resume
 
-    is_rank0 = int(os.environ.get("RANK", "0")) == 0
+    is_rank0 = int(os.environ.get("RANK") or "0") == 0  # checked by check_launcher_env
     lock, on_start = rundir.RunLock(out_dir), None
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

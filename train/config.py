@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.errors import InputError, YamlSyntaxError
-from launch.safety import excerpt, load_yaml_file, load_yaml_text, parse_finite_float
+from launch.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float
 from train.comm.config import CommConfig
 from train.errors import ConfigError
 from train.models.presets import MODEL_PRESETS, ModelConfig
@@ -257,6 +257,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str):
             if len(value) > 4096:
                 raise ConfigError(f"{key}: longer than 4096 characters")
+            if control_chars(value):  # names, modes and paths: a NUL or newline is never meant
+                raise ConfigError(f"{key}: control characters in {excerpt(value)}")
             return value
     else:
         raise ConfigError(f"{key}: unsupported field type {tp}")

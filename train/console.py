@@ -41,11 +41,23 @@ def setup(level: int | str | None = None, stdout: tuple[str, ...] = ()) -> None:
 
     ``stdout``: names of loggers whose records are a command's product (``train run``'s
     progress lines), sent to stdout instead, rank-prefixed, at INFO."""
+    level = level or _env_level()
     if _attach(ROOT_LOGGER, sys.stderr):
-        logging.getLogger(ROOT_LOGGER).setLevel(level or os.environ.get("TRAIN_LOG_LEVEL", "INFO").upper())
+        logging.getLogger(ROOT_LOGGER).setLevel(level)
     for name in stdout:
         if _attach(name, sys.stdout):
             logging.getLogger(name).setLevel(logging.INFO)
+
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _env_level() -> str:
+    """``TRAIN_LOG_LEVEL`` (default INFO); another value is a one-line error, exit 2."""
+    raw = os.environ.get("TRAIN_LOG_LEVEL") or "INFO"
+    if raw.strip().upper() not in LEVELS:
+        fail(f"environment TRAIN_LOG_LEVEL={one_line(repr(raw), 60)}: expected one of {', '.join(LEVELS)}", 2)
+    return raw.strip().upper()
 
 
 def _attach(name: str, stream) -> bool:

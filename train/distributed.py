@@ -127,7 +127,7 @@ def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
     env_int("RANK", 0)
     local_rank = env_int("LOCAL_RANK", 0)
     device = pick_device(device_pref, local_rank)
-    if world == 1 and "MASTER_ADDR" not in os.environ:
+    if world == 1 and not os.environ.get("MASTER_ADDR"):  # empty = unset, as for the other variables
         return DistInfo(0, 0, 1, device, None)
     backend = "nccl" if device.type == "cuda" else "gloo"
     # Surface NCCL errors/timeouts by tearing the process down (torch >= 2.2 default is 3):
@@ -145,15 +145,24 @@ def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
-    except Exception as exc:  # noqa: BLE001 - only the restart case gets a better message
-        if not (hazard and restart > 0):
-            raise
-        detail = " ".join(str(exc).split())[:200]
-        raise CollectiveError(
-            f"process group init failed on rank {env_int('RANK', 0)} after torchrun restart {restart} ({detail}); "
-            f"likely cause: {hazard}"
-        ) from None
+    except Exception as exc:  # noqa: BLE001 - every cause becomes one line (exit 2 or 1)
+        raise _init_failure(exc, hazard, restart) from None
     return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, backend)
+
+
+def _init_failure(exc: BaseException, hazard: str | None, restart: int) -> Exception:
+    """The one-line error for a failed ``init_process_group``: a MASTER_PORT another
+    process holds is a usage error (ConfigError, exit 2); anything else a CollectiveError."""
+    detail = " ".join(str(exc).split())[:200]
+    rank = env_int("RANK", 0)
+    if "EADDRINUSE" in detail or "address already in use" in detail.lower():
+        port = os.environ.get("MASTER_PORT", "")
+        return ConfigError(f"environment MASTER_PORT={port}: already in use on {os.environ.get('MASTER_ADDR', '')!r} "
+                           f"(rank {rank}; another job or a leftover process holds it): choose a free port")
+    if hazard and restart > 0:
+        return CollectiveError(f"process group init failed on rank {rank} after torchrun restart {restart} "
+                               f"({detail}); likely cause: {hazard}")
+    return CollectiveError(f"process group init failed on rank {rank} ({type(exc).__name__}: {detail})")
 
 
 def shutdown() -> None:

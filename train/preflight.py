@@ -11,7 +11,8 @@ import os
 import re
 from pathlib import Path
 
-from launch.safety import excerpt, reserved_path
+from launch.errors import InputError
+from launch.safety import check_output_target, control_chars, excerpt, reserved_path
 from train.config import JobConfig
 from train.errors import ConfigError
 from train.parallel.config import check_offload_device
@@ -49,28 +50,34 @@ def check_out_dir(out) -> Path:
     text = os.fspath(out)
     if not text.strip():
         raise ConfigError("--out: empty directory name")
-    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in text):
-        raise ConfigError(f"--out {excerpt(text)}: control characters in a directory name")
-    out = Path(text)
     if reserved_path(os.path.abspath(text)):
         raise ConfigError(f"--out {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
                           "be a run directory")
+    return check_dir("--out", text)
+
+
+def check_dir(what: str, text: str) -> Path:
+    """A directory that exists or can be created: no control characters, no file or
+    dangling link on the way, a writable existing ancestor."""
+    if control_chars(text):
+        raise ConfigError(f"{what} {excerpt(text)}: control characters in a directory name")
+    out = Path(text)
     try:
         if out.is_symlink() and not out.is_dir():
-            raise ConfigError(f"--out {excerpt(text)}: a dangling symbolic link")
+            raise ConfigError(f"{what} {excerpt(text)}: a dangling symbolic link")
         if out.exists() and not out.is_dir():
-            raise ConfigError(f"--out {excerpt(text)}: exists and is not a directory")
+            raise ConfigError(f"{what} {excerpt(text)}: exists and is not a directory")
         probe = out
         while not probe.exists():
             if probe.is_symlink():
-                raise ConfigError(f"--out {excerpt(text)}: {excerpt(str(probe))} is a dangling symbolic link")
+                raise ConfigError(f"{what} {excerpt(text)}: {excerpt(str(probe))} is a dangling symbolic link")
             probe = probe.parent
     except OSError as exc:  # name too long, permission...
-        raise ConfigError(f"--out {excerpt(text)}: {exc.strerror}") from None
+        raise ConfigError(f"{what} {excerpt(text)}: {exc.strerror}") from None
     if not probe.is_dir():
-        raise ConfigError(f"--out {excerpt(text)}: {excerpt(str(probe))} is not a directory")
+        raise ConfigError(f"{what} {excerpt(text)}: {excerpt(str(probe))} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {excerpt(text)}: {excerpt(str(probe))} is not writable")
+        raise ConfigError(f"{what} {excerpt(text)}: {excerpt(str(probe))} is not writable")
     return out
 
 
@@ -92,7 +99,7 @@ def check_launcher_env() -> int:
     world = world_size_from_env()
     ints = {name: _launcher_int(name, env[name]) for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                            "TORCHELASTIC_RESTART_COUNT") if env.get(name)}
-    if world > 1:
+    if world > 1 or env.get("MASTER_ADDR"):  # a process group will start (train.distributed)
         missing = [n for n in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if not env.get(n)]
         if missing:
             raise ConfigError(f"environment WORLD_SIZE={world} without {', '.join(missing)}: start multi-process "
@@ -100,12 +107,26 @@ def check_launcher_env() -> int:
         port = env["MASTER_PORT"]
         if not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
             raise ConfigError(f"environment MASTER_PORT={excerpt(env['MASTER_PORT'])}: expected a port 1..65535")
+        _check_master_addr(env["MASTER_ADDR"], int(port))
     if ints.get("RANK", 0) >= world:
         raise ConfigError(f"environment RANK={ints['RANK']} is not below WORLD_SIZE={world}")
     if "LOCAL_WORLD_SIZE" in ints and ints.get("LOCAL_RANK", 0) >= max(ints["LOCAL_WORLD_SIZE"], 1):
         raise ConfigError(f"environment LOCAL_RANK={ints['LOCAL_RANK']} is not below "
                           f"LOCAL_WORLD_SIZE={ints['LOCAL_WORLD_SIZE']}")
     return world
+
+
+def _check_master_addr(host: str, port: int) -> None:
+    """MASTER_ADDR resolves: torch would otherwise retry the lookup until train.timeout_s."""
+    import socket
+
+    shown = f"environment MASTER_ADDR={excerpt(host)}"
+    if control_chars(host) or len(host) > 253:
+        raise ConfigError(f"{shown}: not a host name or address")
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"{shown}: cannot be resolved ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def check_device(job: JobConfig) -> None:
@@ -127,6 +148,8 @@ def check_device(job: JobConfig) -> None:
 def check_data(job: JobConfig) -> None:
     """A token file (data.source=file) is opened and checked now: a bad file is a usage
     error before any directory, lock or process group exists."""
+    if job.data.source == "embedded" and job.data.cache_dir:
+        check_dir("data.cache_dir", job.data.cache_dir)
     if job.data.source != "file":
         return
     from train.data import open_token_file
@@ -135,3 +158,32 @@ def check_data(job: JobConfig) -> None:
     _, vocab = open_token_file(Path(job.data.path))
     if vocab > job.model.vocab_size:
         raise DataError(f"model.vocab_size: {job.model.vocab_size} is smaller than the data's vocabulary ({vocab})")
+
+
+# What a run writes into its own directory: a metrics file must never be one of them.
+RUN_OWNED = ("config.yaml", "metrics.jsonl", ".train.lock", "checkpoints", "flight_recorder", "tb", "traces")
+
+
+def check_metric_files(job: JobConfig, out_dir: Path) -> None:
+    """``metrics.prometheus_file`` (rewritten at every logged step) names a ``*.prom`` file
+    (what node_exporter's textfile collector reads) that is not the run's own, not in a
+    system directory, and a regular file if it exists: it never replaces config.yaml,
+    metrics.jsonl, a checkpoint or an unrelated file."""
+    name = job.metrics.prometheus_file
+    if not name:
+        return
+    shown = f"metrics.prometheus_file {excerpt(name)}"
+    path = Path(name) if os.path.isabs(name) else out_dir / name
+    if not path.name.endswith(".prom") or path.name == ".prom":
+        raise ConfigError(f"{shown}: expected a file name ending in .prom (the textfile collector's)")
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir))
+    if rel.split(os.sep)[0] in RUN_OWNED or rel.startswith("replaced-"):
+        raise ConfigError(f"{shown}: inside the run's own {rel.split(os.sep)[0]}")
+    if reserved_path(os.path.abspath(path)):
+        raise ConfigError(f"{shown}: inside a system directory")
+    check_dir("metrics.prometheus_file", str(path.parent))
+    if os.path.lexists(path):
+        try:
+            check_output_target(path, "metrics.prometheus_file")
+        except InputError as exc:
+            raise ConfigError(str(exc)) from None

@@ -236,6 +236,22 @@ def write_config(out_dir: Path, job: JobConfig, event: str) -> None:
     atomic_write(path, text, what="--out config.yaml")
 
 
+def check_layout(out_dir: Path) -> None:
+    """The run's own entries, where they exist, have their kind: config.yaml and
+    metrics.jsonl regular files, checkpoints/, flight_recorder/ and tb/ directories (a
+    symlink to one is fine). Otherwise a resumed run would fail only at its first save."""
+    for name in RUN_FILES:
+        path = out_dir / name
+        if not os.path.lexists(path):
+            continue
+        want_dir = name not in (CONFIG_NAME, "metrics.jsonl")
+        st = os.stat(path) if os.path.exists(path) else os.lstat(path)
+        ok = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(os.lstat(path).st_mode)
+        if not ok:
+            kind = "a directory" if want_dir else "a regular file"
+            raise ConfigError(f"--out {excerpt(str(out_dir))}: {name} is not {kind}; move it away or use a new --out")
+
+
 def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allow_config_change: bool,
             log) -> str:
     """Rank 0, under the run lock, before training: refuse, or return the event that
@@ -257,6 +273,7 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
             log(f"--overwrite: moved the earlier run ({', '.join(earlier)}) to {aside}")
             return f"fresh start (--overwrite: the earlier run is in {aside.name}/)"
         return "fresh start"
+    check_layout(out_dir)
     path = out_dir / CONFIG_NAME
     if not path.exists():
         return "resume (no earlier config.yaml)"

@@ -38,6 +38,9 @@ def _config_files(tmp: Path) -> dict[str, str]:
     os.mkfifo(tmp / "fifo.yaml")
     (tmp / "adir").mkdir()
     (tmp / "afile").write_text("not a directory\n")
+    (tmp / "long_int.yaml").write_text("train:\n  steps: " + "9" * 5000 + "\n")
+    (tmp / "bad_date.yaml").write_text("train:\n  seed: 2026-13-45\n")
+    (tmp / "dir.prom").mkdir()
     (tmp / "link.sh").symlink_to(tmp / "afile")
     (tmp / "dangling").symlink_to(tmp / "nowhere")
     return {"tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
@@ -45,6 +48,8 @@ def _config_files(tmp: Path) -> dict[str, str]:
             "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),
             "bomb_yaml": str(tmp / "bomb.yaml"), "deep_yaml": str(tmp / "deep.yaml"), "huge_yaml": str(tmp / "huge.yaml"),
             "dupkey_yaml": str(tmp / "dupkey.yaml"), "recursive_yaml": str(tmp / "recursive.yaml"),
+            "long_int_yaml": str(tmp / "long_int.yaml"), "bad_date_yaml": str(tmp / "bad_date.yaml"),
+            "prom_dir": str(tmp / "dir.prom"),
             "fifo": str(tmp / "fifo.yaml"), "symlink": str(tmp / "link.sh"), "dangling": str(tmp / "dangling")}
 
 
@@ -86,6 +91,11 @@ def _run_dirs(tmp: Path) -> dict[str, str]:
     for name in ("fifo_lock_run", "link_lock_run"):
         (tmp / name).mkdir()
         runs[name] = str(tmp / name)
+    for name in ("ckfile_run", "metricsdir_run"):  # a run entry of the wrong kind
+        (tmp / name).mkdir()
+        runs[name] = str(tmp / name)
+    (tmp / "ckfile_run" / "checkpoints").write_text("not a directory\n")
+    (tmp / "metricsdir_run" / "metrics.jsonl").mkdir()
     os.mkfifo(tmp / "fifo_lock_run" / ".train.lock")
     (tmp / "link_lock_run" / ".train.lock").symlink_to(tmp / "afile")
     # a run directory whose lock names a run on another host (a shared file system without coherent flock)

@@ -53,6 +53,10 @@ LAUNCH_CASES = [
     L("output-dev-null", "-o /dev/null (as root a rename would replace the device)", ["torchrun", "-o", "/dev/null"],
       2, "is a character device"),
     L("output-symlink", "-o naming a symbolic link", ["env", "-o", "{symlink}"], 2, "is a symbolic link"),
+    L("output-nul", "-o with a NUL byte", ["torchrun", "-o", "a\x00b"], 2, "control characters in a file name"),
+    L("output-newline", "-o with a newline", ["slurm", "-o", "{tmp}/job\n.sh"], 2, "control characters in a file name"),
+    L("profile-long-int", "--profile YAML with a 5000-digit integer", ["torchrun", "--profile", "{long_int_yaml}"], 2,
+      "a value cannot be read"),
     L("output-empty", "-o ''", ["k8s", "-o", ""], 2, "empty file name"),
     # ---- launch: profile/fabric YAML (bounded)
     L("profile-alias-bomb", "--profile YAML alias bomb", ["torchrun", "--profile", "{bomb_yaml}"], 2, "alias bomb"),
