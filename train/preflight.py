@@ -18,6 +18,7 @@ from train.errors import ConfigError
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
 from train.precision.fp8 import check_float8
+from train.rundir import LOCK_NAME, RUN_FILES
 
 
 def world_size_from_env() -> int:
@@ -117,7 +118,8 @@ def check_launcher_env() -> int:
 
 
 def _check_master_addr(host: str, port: int) -> None:
-    """MASTER_ADDR resolves: torch would otherwise retry the lookup until train.timeout_s."""
+    """MASTER_ADDR resolves: torch would otherwise retry the lookup until train.timeout_s. A
+    temporary failure (EAI_AGAIN: a cluster DNS record not served yet) is left to torch's retries."""
     import socket
 
     shown = f"environment MASTER_ADDR={excerpt(host)}"
@@ -125,6 +127,10 @@ def _check_master_addr(host: str, port: int) -> None:
         raise ConfigError(f"{shown}: not a host name or address")
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno == socket.EAI_AGAIN:  # a DNS server not answering yet: torch retries it
+            return
+        raise ConfigError(f"{shown}: cannot be resolved ({exc.strerror or exc})") from None
     except (OSError, UnicodeError) as exc:
         raise ConfigError(f"{shown}: cannot be resolved ({getattr(exc, 'strerror', None) or exc})") from None
 
@@ -161,7 +167,7 @@ def check_data(job: JobConfig) -> None:
 
 
 # What a run writes into its own directory: a metrics file must never be one of them.
-RUN_OWNED = ("config.yaml", "metrics.jsonl", ".train.lock", "checkpoints", "flight_recorder", "tb", "traces")
+RUN_OWNED = (*RUN_FILES, LOCK_NAME, "traces")
 
 
 def check_metric_files(job: JobConfig, out_dir: Path) -> None:

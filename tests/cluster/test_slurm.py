@@ -53,6 +53,30 @@ def log_of(slurm, name: str, jobid: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+# torchrun's exit barrier races with the agent that hosts the rendezvous store: when that agent
+# (node 0's) passes the barrier and exits first, another agent still waiting for the barrier's
+# answer loses the connection and torch logs the error with a C++ and a Python traceback, then
+# exits 0 like the others ("Error waiting on exit barrier"). Seen here on clean stops and on
+# the final completion when the machine is loaded (3 of 5 attempts in one run beside other
+# work); the job's result is unchanged (docs/fault-tolerance.md). Only those lines are left out.
+_EXIT_BARRIER_RACE = re.compile(
+    r"^(\[W\S* \S* TCPStore\.cpp:\d+\] \[c10d\] (recvValueWithTimeout|sendBytes) failed on .*"
+    r"|Exception raised from (recvBytes|sendBytes) at .*|frame #\d+: .*|<omitting python frames>"
+    r"|E\S* \S* \d+ \S*torch/distributed/elastic/agent/server/api\.py:\d+\] .*"
+    r"|W\S* \S* \d+ \S*dynamic_rendezvous\.py:\d+\] The node '\S+' has failed to shutdown the rendezvous .*)$")
+
+
+def without_exit_barrier_race(log: str) -> str:
+    """``log`` without torch's messages of the exit-barrier race above; any other agent
+    error stays (and an agent error block must be that one: it starts with its message)."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if "elastic/agent/server/api.py" in line and line.startswith("E") and (
+                i == 0 or "elastic/agent/server/api.py" not in lines[i - 1]):
+            assert "Error waiting on exit barrier" in line, line
+    return "\n".join(line for line in lines if not _EXIT_BARRIER_RACE.match(line))
+
+
 def worker_affinity(node) -> dict[int, str]:
     """Cpus_allowed_list of every `train run` process on the node."""
     found = {}
@@ -148,7 +172,7 @@ def _progress(slurm, jobid, run_dir, name, beyond: int, timeout: float = 240) ->
     return wait_for(check, timeout, f"training past step {beyond}")
 
 
-def test_slurm_preemption_requeues_and_resumes_to_completion(slurm):
+def test_slurm_preemption_requeues_and_resumes_to_completion(slurm, tmp_path):
     """Every way a job is told to stop for now ends in a requeue that resumes, never FAILED:
     scancel --signal=TERM (what --signal=TERM@grace sends), a SIGTERM to the batch shell
     (scancel -b; --signal=B:TERM), scancel --full, and partition preemption with
@@ -174,7 +198,8 @@ def test_slurm_preemption_requeues_and_resumes_to_completion(slurm):
         info = slurm.wait_state(jobid, {"COMPLETED"}, timeout=300)
     finally:
         log = log_of(slurm, name, jobid)
-        print(log[-6000:])
+        (tmp_path / "job.log").write_text(log)
+        print(f"the whole job log: {tmp_path / 'job.log'}\n{log[-6000:]}")
     assert info["Restarts"] == str(len(ways)) and info["ExitCode"] == "0:0", info
     # One log for the job: every attempt's header line is kept (--open-mode=append).
     attempts = re.findall(rf"launch: job {jobid} \(preempt\) attempt (\d+) on", log)
@@ -183,7 +208,8 @@ def test_slurm_preemption_requeues_and_resumes_to_completion(slurm):
     assert clean >= len(ways) - 1, stops  # scancel --full: srun SIGKILLs its tasks (see docs)
     resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", log)]
     assert len(resumed) == len(ways) and resumed == sorted(resumed) and resumed[0] > 0, resumed
-    assert "SignalException" not in log and "Traceback" not in log
+    ours = without_exit_barrier_race(log)
+    assert "SignalException" not in ours and "Traceback" not in ours, ours[-4000:]
     rows = metrics(run_dir)
     assert rows[-1]["step"] == steps
     load_checkpoint_check(run_dir, steps, SMALL)
