@@ -219,14 +219,23 @@ def test_doc_lists_every_case():
     assert {c.tool for c in CASES} == {"train", "launch"}
     assert _doc_table(DOC.read_text()) == render_table(), (
         "docs/bad-inputs.md is out of date: run python tests/fault/test_fault_bad_inputs.py --write-doc")
+    assert _doc_table((ROOT / "README.md").read_text()) == render_table(), (
+        "README.md's bad-input table is out of date: run python tests/fault/test_fault_bad_inputs.py --write-doc")
 
 
 def write_doc() -> None:
-    text = DOC.read_text() if DOC.exists() else f"# Bad inputs\n\n{BEGIN}\n{END}\n"
-    old = _doc_table(text)
+    """The table into docs/bad-inputs.md and into README.md's copy (tests/test_readme.py
+    checks that the two are the same)."""
     from launch.safety import atomic_write  # whole file or nothing: a failure never truncates the doc
 
+    text = DOC.read_text() if DOC.exists() else f"# Bad inputs\n\n{BEGIN}\n{END}\n"
+    old = _doc_table(text)
     atomic_write(DOC, text.replace(old, render_table()) if old else text + "\n" + render_table() + "\n", what="doc")
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    old = _doc_table(text)
+    if old:
+        atomic_write(readme, text.replace(old, render_table()), what="README.md")
 
 
 if __name__ == "__main__":
