@@ -76,10 +76,14 @@ _ASCII_INT = re.compile(r"[+-]?[0-9]{1,30}")
 _ASCII_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
-def control_chars(text: str) -> bool:
-    """``text`` holds a C0 control character or DEL (NUL, newline, escape...): never part
-    of a file name, path or name a job uses."""
-    return any(ord(ch) < 0x20 or ch == "\x7f" for ch in text)
+# Besides C0 (NUL, newline, escape...): DEL, NEL and the Unicode line/paragraph separators.
+_CONTROL = frozenset("\x7f\x85\u2028\u2029")
+
+
+def control_chars(text: str) -> str:
+    """The first control character in ``text`` ("" when none): never part of a file name,
+    path or name a job uses, and a line break in a one-line message."""
+    return next((ch for ch in text if ord(ch) < 0x20 or ch in _CONTROL), "")
 
 
 def parse_ascii_int(what: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:

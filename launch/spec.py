@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
-from launch.safety import reserved_path
+from launch.safety import control_chars, reserved_path
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile
@@ -121,9 +121,9 @@ class JobSpec:
 
 def reject_control_chars(what: str, value: str) -> str:
     """For names, paths and images: control characters have no business there."""
-    for ch in value:
-        if ord(ch) < 0x20 or ch in "\x7f\x85\u2028\u2029":
-            raise SpecError(f"{what} contains a control character ({ch!r})")
+    ch = control_chars(value)
+    if ch:
+        raise SpecError(f"{what} contains a control character ({ch!r})")
     return value
 
 

@@ -18,7 +18,7 @@ from train.errors import ConfigError
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
 from train.precision.fp8 import check_float8
-from train.rundir import LOCK_NAME, RUN_FILES
+from train.rundir import ASIDE_PREFIX, LOCK_NAME, RUN_FILES
 
 
 def world_size_from_env() -> int:
@@ -182,9 +182,9 @@ def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     path = Path(name) if os.path.isabs(name) else out_dir / name
     if not path.name.endswith(".prom") or path.name == ".prom":
         raise ConfigError(f"{shown}: expected a file name ending in .prom (the textfile collector's)")
-    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir))
-    if rel.split(os.sep)[0] in RUN_OWNED or rel.startswith("replaced-"):
-        raise ConfigError(f"{shown}: inside the run's own {rel.split(os.sep)[0]}")
+    top = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir)).split(os.sep)[0]
+    if top in RUN_OWNED or top.startswith(ASIDE_PREFIX):
+        raise ConfigError(f"{shown}: inside the run's own {top}")
     if reserved_path(os.path.abspath(path)):
         raise ConfigError(f"{shown}: inside a system directory")
     check_dir("metrics.prometheus_file", str(path.parent))

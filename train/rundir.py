@@ -40,6 +40,8 @@ CONFIG_NAME = "config.yaml"
 HISTORY_PREFIX = "# - "
 # What an earlier run leaves in OUT (a fresh run into OUT would mix its files with these).
 RUN_FILES = (CONFIG_NAME, "metrics.jsonl", "checkpoints", "flight_recorder", "tb")
+# --overwrite moves an earlier run's files into OUT/<ASIDE_PREFIX><UTC time>.
+ASIDE_PREFIX = "replaced-"
 # Keys that may change on --resume without changing what is trained.
 RESUME_SAFE_KEYS = (
     "train.steps", "train.log_every", "train.timeout_s", "train.shutdown_grace_s", "train.device",
@@ -245,8 +247,7 @@ def check_layout(out_dir: Path) -> None:
         if not os.path.lexists(path):
             continue
         want_dir = name not in (CONFIG_NAME, "metrics.jsonl")
-        st = os.stat(path) if os.path.exists(path) else os.lstat(path)
-        ok = stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(os.lstat(path).st_mode)
+        ok = os.path.isdir(path) if want_dir else stat.S_ISREG(os.lstat(path).st_mode)
         if not ok:
             kind = "a directory" if want_dir else "a regular file"
             raise ConfigError(f"--out {excerpt(str(out_dir))}: {name} is not {kind}; move it away or use a new --out")
@@ -266,7 +267,7 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
                 "--overwrite to move it aside and start fresh, or use a new --out"
             )
         if earlier:
-            aside = out_dir / f"replaced-{_now().replace(':', '')}"
+            aside = out_dir / f"{ASIDE_PREFIX}{_now().replace(':', '')}"
             aside.mkdir()
             for name in earlier:
                 os.replace(out_dir / name.rstrip("/"), aside / name.rstrip("/"))
