@@ -98,3 +98,23 @@ EOF
   titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
   ours 0,1 2 1b_fsdp2 150 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --plan "$p1"
 }
+
+part_recast() {
+  note "recast: parallel.recompute_param_casts on/off on 1b, one GPU each: torchtitan on GPU 0, ours on GPU 1"
+  local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}")
+  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=8192)
+  (titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise) &
+  # one launch each: a fresh Inductor cache per launch, so that no variant reuses another's graphs
+  (ours 1 1 1b_bf16_recast 110 "${c[@]}" --fp8 none --set parallel.recompute_param_casts=true
+   ours 1 1 1b_bf16_norecast 110 "${c[@]}" --fp8 none --set parallel.recompute_param_casts=false
+   ours 1 1 1b_fp8_recast_chunk8k 110 "${c[@]}" --fp8 tensorwise "${chunk[@]}" \
+     --set parallel.recompute_param_casts=true) &
+  wait
+}
+
+part_recast2() {
+  note "recast2: PART=recast, then 1b FSDP2 on 2 GPUs, both sides"
+  part_recast
+  titan 0,1 2 1b_fsdp2 110 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_fsdp2 120 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+}

@@ -82,3 +82,78 @@ def test_activation_memory_budget_is_set_per_job_not_left_behind(monkeypatch, tm
             pcfg = ParallelConfig(compile=True, compile_backend="aot_eager", activation_memory_budget=budget)
             assert apply_compile(model, pcfg) == 1
             assert functorch_config.activation_memory_budget == budget
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(24, 80, bias=False)
+        self.down = torch.nn.Linear(80, 24, bias=False)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return x + self.down(torch.nn.functional.silu(self.up(x)))
+
+
+def _compiled_step(tag: bool):
+    """One forward/backward of an autocast block through Dynamo + AOTAutograd + the min-cut
+    partitioner (no code generation), our pass applied to the joint graph when ``tag``.
+    Returns what the backward graph takes as inputs (dtype, shape) and the gradients."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from train.parallel.compile import tag_param_casts
+
+    seen = {}
+
+    def partition(gm, joint_inputs, **kwargs):
+        seen["tagged"] = tag_param_casts(gm.graph) if tag else 0
+        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+
+    def bw_compiler(gm, example_inputs):
+        seen["bw_inputs"] = [(n.meta["val"].dtype, tuple(n.meta["val"].shape)) for n in gm.graph.nodes
+                             if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+        return gm
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = _Mlp()
+    block.compile(backend=aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=bw_compiler,
+                                       partition_fn=partition), fullgraph=True)
+    x = torch.randn(4, 8, 24).bfloat16().requires_grad_()  # as a block input: its gradient needs both weights
+    block(x).float().square().sum().backward()
+    return seen, {n: p.grad.clone() for n, p in block.named_parameters()}
+
+
+def test_param_casts_are_recomputed_in_backward_not_saved():
+    """parallel.recompute_param_casts: the backward graph no longer takes the bf16 copies of
+    the weights from the forward (it casts the fp32 parameters itself), the gradients are
+    bit for bit the same."""
+    saved, grads = _compiled_step(tag=False)
+    recomputed, grads2 = _compiled_step(tag=True)
+    weights = {(torch.bfloat16, (80, 24)), (torch.bfloat16, (24, 80))}  # no activation has these shapes
+    assert saved["tagged"] == 0 and weights <= set(saved["bw_inputs"])
+    assert recomputed["tagged"] == 2 and not weights & set(recomputed["bw_inputs"])
+    assert {(torch.float32, (80, 24)), (torch.float32, (24, 80))} <= set(recomputed["bw_inputs"])
+    for name, g in grads.items():
+        assert torch.equal(g, grads2[name]), name
+
+
+def test_recompute_param_casts_installs_and_clears_the_inductor_pass(tmp_path, monkeypatch):
+    import torch._inductor.config as inductor_config
+    from torch import nn
+
+    from train.parallel.compile import apply_compile
+    from train.parallel.config import ParallelConfig
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": nn.Linear(4, 4)})
+    with inductor_config.patch(joint_custom_post_pass=None):
+        apply_compile(model, ParallelConfig(compile=True, recompute_param_casts=True))
+        assert inductor_config.joint_custom_post_pass.uuid().startswith("hopper-train.")
+        apply_compile(model, ParallelConfig(compile=True))  # the default: off
+        assert inductor_config.joint_custom_post_pass is None
+        inductor_config.joint_custom_post_pass = theirs = lambda graph: None  # noqa: E731 - someone else's pass
+        apply_compile(model, ParallelConfig(compile=True, recompute_param_casts=True))
+        assert inductor_config.joint_custom_post_pass is theirs

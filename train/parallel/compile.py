@@ -1,10 +1,21 @@
 """``torch.compile`` per transformer block (``parallel.compile``, ``parallel.compile_mode``,
-``parallel.activation_memory_budget``).
+``parallel.activation_memory_budget``, ``parallel.recompute_param_casts``).
 
 Blocks are compiled in place with ``nn.Module.compile`` (no ``_orig_mod.`` wrapper, so
 parameter names do not change). All blocks share one code object and, with torch's
 default of inlining built-in nn modules, one compiled graph: compile time does not grow
 with depth.
+
+Where the parameters are cast inside the compiled blocks (autocast over fp32 parameters:
+DDP, and ``parallel.fsdp_one_rank=cast``), the partitioner would save each block's bf16 copy
+of its weights for backward: 2 bytes per parameter held from forward to backward, because a
+cast whose output a backward matmul reads is "materialized in backward" and never
+recomputed by its heuristics. ``parallel.recompute_param_casts`` (off by default: not yet
+measured on a GPU) tags those
+casts (narrowing casts of the graph's inputs) ``MUST_RECOMPUTE`` in a joint-graph pass
+(Inductor's ``joint_custom_post_pass``), so backward casts the fp32 parameter again, as
+FSDP re-gathers a resharded one: one more read of the weights per step, bit-identical
+values (tests/parallel/test_parallel_compile.py).
 
 Inductor's on-disk caches live under ``TORCHINDUCTOR_CACHE_DIR``; when unset it defaults
 to ``~/.cache/hopper-train/inductor`` (``$XDG_CACHE_HOME`` honoured) rather than a /tmp
@@ -13,12 +24,17 @@ directory, so that a second launch of the same model reuses the compiled kernels
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
-from torch import nn
+import torch
+from torch import fx, nn
 
 from train.paths import default_cache_dir
+
+_NARROW = (torch.bfloat16, torch.float16)
+log = logging.getLogger(__name__)
 
 
 def _torch_default_cache_dir() -> str | None:
@@ -51,9 +67,54 @@ def apply_compile(model: nn.Module, pcfg) -> int:
     import torch._functorch.config as functorch_config
 
     functorch_config.activation_memory_budget = pcfg.activation_memory_budget
+    if pcfg.compile_backend == "inductor":
+        _install_cast_pass(pcfg.recompute_param_casts)
     kwargs = {"backend": pcfg.compile_backend, "fullgraph": True}
     if pcfg.compile_backend == "inductor" and pcfg.compile_mode != "default":
         kwargs["mode"] = pcfg.compile_mode
     for block in model.layers.values():
         block.compile(**kwargs)
     return len(model.layers)
+
+
+def tag_param_casts(graph: fx.Graph) -> int:
+    """Mark every narrowing cast (fp32 -> bf16/fp16) of a forward input of a joint graph
+    ``MUST_RECOMPUTE``; returns how many. The partitioner then recomputes the cast in
+    backward from the input (the fp32 parameter, alive anyway) instead of saving it."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    casts = (torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default)
+    tagged = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in casts or not isinstance(node.args[0], fx.Node):
+            continue
+        src = node.args[0]
+        if src.op != "placeholder" or str(src.target).startswith("tangents"):
+            continue
+        before, after = src.meta.get("val"), node.meta.get("val")
+        if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)
+                and before.dtype == torch.float32 and after.dtype in _NARROW):
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+            tagged += 1
+    return tagged
+
+
+def _install_cast_pass(enabled: bool) -> None:
+    """Set (or clear) our joint-graph pass in Inductor's process-wide config, on every
+    compile like the budget above. A pass someone else installed is left alone."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class RecomputeParamCasts(CustomGraphPass):
+        def __call__(self, graph: fx.Graph) -> None:
+            tag_param_casts(graph)
+
+        def uuid(self) -> str:  # Inductor's FX graph cache key
+            return "hopper-train.recompute_param_casts.v1"
+
+    current = inductor_config.joint_custom_post_pass
+    if current is not None and getattr(current, "uuid", lambda: None)() != RecomputeParamCasts().uuid():
+        log.warning("parallel.recompute_param_casts: Inductor's joint_custom_post_pass is already set (%r); "
+                    "parameter casts are saved for backward", current)
+        return
+    inductor_config.joint_custom_post_pass = RecomputeParamCasts() if enabled else None

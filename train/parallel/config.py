@@ -46,6 +46,10 @@ class ParallelConfig:
     # < 1: the compiled blocks' partitioner recomputes in backward what it would have saved,
     # cheapest first, until the saved activations fit this fraction (torch._functorch.config)
     activation_memory_budget: float = 1.0
+    # compiled blocks recompute in backward the bf16 casts of the fp32 parameters that autocast makes
+    # inside them (DDP, fsdp_one_rank=cast) instead of saving them: 2 bytes per parameter less memory,
+    # one more cast per step. Off by default until measured on a GPU (docs/performance.md)
+    recompute_param_casts: bool = False
     # scaled_dot_product_attention kernel, applied around forward and backward (sdpa_kernel):
     # auto (torch picks) | flash | cudnn | efficient | math
     sdpa_backend: str = "auto"
