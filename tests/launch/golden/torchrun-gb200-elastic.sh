@@ -29,7 +29,7 @@ export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 # TORCH_FR_DUMP_TEMP_FILE: --flight-recorder: write the dumps next to the checkpoints (persistent) instead of /tmp
 export TORCH_FR_DUMP_TEMP_FILE=/checkpoints/nccl_trace_rank_
 
-# Interpreter: torchrun from PATH at run time'';
+# Interpreter: torchrun from PATH at run time;
 # render with --venv DIR to pin the environment.
 
 # Multi-node: run this same script on every node; all of them meet at the c10d

@@ -19,7 +19,7 @@ export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=270
 # OMP_NUM_THREADS: torchrun would force 1 thread per worker; 8 of the ~14 host cores per GPU on an HGX node speeds up CPU-side ops while leaving room for data-loader workers and NCCL proxy threads
 export OMP_NUM_THREADS=8
 
-# Interpreter: torchrun from PATH at run time'';
+# Interpreter: torchrun from PATH at run time;
 # render with --venv DIR to pin the environment.
 
 # Multi-node: run this same script on every node; all of them meet at the c10d
