@@ -24,7 +24,7 @@ export NCCL_IB_HCA='=mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7'
 # NCCL_IB_GID_INDEX: use the RoCE v2 / IPv4 GID (index 3 in the default ConnectX GID table, check with show_gids) on every node; NCCL >= 2.21 can auto-select it but older NCCL defaults to 0 (RoCE v1)
 export NCCL_IB_GID_INDEX=3
 
-# Interpreter: torchrun from PATH at run time'';
+# Interpreter: torchrun from PATH at run time;
 # render with --venv DIR to pin the environment.
 
 # Multi-node: run this same script on every node; all of them meet at the c10d
