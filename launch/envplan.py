@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.envnames import NOT_NCCL
+from launch.envnames import NOT_NCCL, check_not_shell_owned
 from launch.errors import SpecError
 from launch.spec import JobSpec
 
@@ -177,3 +177,4 @@ def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
             )
         if var.name in NOT_NCCL:
             raise SpecError(f"{var.name} is not an NCCL variable: {NOT_NCCL[var.name]}")
+        check_not_shell_owned("environment variable", var.name)  # profile and fabric files too

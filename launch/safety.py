@@ -326,13 +326,27 @@ RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "
                   "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
 
 
-def reserved_path(path: str) -> bool:
-    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys..."""
+def canonical_path(path: str) -> str:
+    """``path`` (absolute, POSIX) without ``.``, ``..``, repeated or trailing slashes. POSIX
+    ``normpath`` keeps a leading ``//`` (implementation-defined there, the root on Linux),
+    so ``//etc`` would not compare equal to ``/etc``: every leading slash run becomes one."""
     import posixpath
 
     norm = posixpath.normpath(path)
-    norm = "/" if norm == "//" else norm
+    return "/" + norm.lstrip("/") if norm.startswith("/") else norm
+
+
+def reserved_path(path: str) -> bool:
+    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys...
+    (``//etc`` and ``/tmp/../etc`` included)."""
+    norm = canonical_path(path)
     return norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES)
+
+
+def reserved_local_path(path: str | os.PathLike) -> bool:
+    """A path of this machine that is, or resolves through symbolic links to, a reserved
+    path (``--out link-to-etc``): the directory that would really be written."""
+    return reserved_path(os.path.realpath(os.fspath(path)))
 
 
 

@@ -43,7 +43,11 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "dir.prom").mkdir()
     (tmp / "link.sh").symlink_to(tmp / "afile")
     (tmp / "dangling").symlink_to(tmp / "nowhere")
-    return {"tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
+    (tmp / "etc_link").symlink_to("/etc")
+    generic = (Path(__file__).resolve().parents[2] / "launch" / "profiles" / "generic.yaml").read_text()
+    (tmp / "ifs_profile.yaml").write_text(generic.replace("OMP_NUM_THREADS:", "IFS:"))
+    return {"etc_link": str(tmp / "etc_link"), "ifs_profile": str(tmp / "ifs_profile.yaml"),
+            "tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
             "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
             "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),
             "bomb_yaml": str(tmp / "bomb.yaml"), "deep_yaml": str(tmp / "deep.yaml"), "huge_yaml": str(tmp / "huge.yaml"),
