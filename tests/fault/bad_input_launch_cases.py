@@ -160,6 +160,16 @@ LAUNCH_CASES = [
     L("env-secret-shell", "k8s --env-secret UID", ["k8s", "--env-secret", "UID=s:k"], 2, "--env-secret UID"),
     L("profile-env-shell", "--profile YAML setting IFS", ["torchrun", "--profile", "{ifs_profile}"], 2,
       "environment variable IFS"),
+    # ---- launch: profile content (the same rules as the options)
+    L("profile-int-key", "--profile YAML with an integer as a key", ["torchrun", "--profile", "{int_key_profile}"], 2,
+      "key '1' (line 18) is not a string (int)"),
+    L("profile-nul-env", "--profile YAML with a NUL in an environment value", ["torchrun", "--profile",
+                                                                              "{nul_env_profile}"], 2,
+      "environment variable OMP_NUM_THREADS contains a NUL character"),
+    L("profile-huge-gpus", "--profile YAML with gpus_per_node 10^20", ["slurm", "--profile", "{huge_gpus_profile}"], 2,
+      "greater than the maximum of 4096"),
+    L("profile-node-selector", "--profile YAML with a node selector Kubernetes refuses",
+      ["k8s", "--profile", "{node_selector_profile}"], 2, "'bad key!' is not a valid Kubernetes key"),
     # ---- launch: names and tokens
     L("rdzv-id-injection", "--rdzv-id with $(...)", ["torchrun", "--rdzv-id", "$(reboot)"], 2, "--rdzv-id '$(reboot)'"),
     L("endpoint-injection", "--rdzv-endpoint with ';'", ["torchrun", "--nnodes", "2", "--fabric", "infiniband",
