@@ -290,6 +290,17 @@ TRAIN_CASES = [
       ["run", "--resume", "--set", "data.source=synthetic", *TINY, "--out", "{garbage_run}"], 2,
       "--resume: cannot compare with the recorded"),
     # ---- train bench / doctor
+    # ---- train data prepare: --out is checked before the tokenizer is loaded
+    *[T(f"prepare-out-{tag}", f"data prepare --out {what}", ["data", "prepare", "{afile}", "--tokenizer", "none",
+                                                             "--out", out], 2, names)
+      for tag, what, out, names in (
+          ("system", "in /etc", "/etc/t.bin", "--out '/etc/t.bin': inside a system directory"),
+          ("double-slash", "in //etc", "//etc/t.bin", "--out '//etc/t.bin': inside a system directory"),
+          ("link-to-system", "below a symbolic link to /etc", "{etc_link}/t.bin", "inside a system directory"),
+          ("empty", "''", "", "give the token file's name"),
+          ("directory", "naming a directory", "{dir}", "is a directory"),
+          ("symlink", "naming a symbolic link", "{symlink}", "is a symbolic link"),
+          ("fifo", "naming a FIFO", "{fifo}", "is a FIFO"))],
     T("bench-name-path", "bench report --name with a path", ["bench", "step", "--name", "../../x"], 2,
       "--name '../../x'"),
     T("bench-name-dash", "bench report --name starting with '-'", ["bench", "step", "--name=-x"], 2, "--name '-x'"),
