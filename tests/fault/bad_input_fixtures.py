@@ -45,7 +45,7 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "dangling").symlink_to(tmp / "nowhere")
     (tmp / "etc_link").symlink_to("/etc")
     generic = (Path(__file__).resolve().parents[2] / "launch" / "profiles" / "generic.yaml").read_text()
-    profiles = {"ifs_profile": ("OMP_NUM_THREADS:", "IFS:"), "int_key_profile": ("OMP_NUM_THREADS:", "1:"),
+    profiles = {"ifs_profile": ("OMP_NUM_THREADS:", "IFS:"), "copy_profile": ("", ""), "int_key_profile": ("OMP_NUM_THREADS:", "1:"),
                 "nul_env_profile": ('value: "4"', 'value: "4\\0x"'),
                 "huge_gpus_profile": ("gpus_per_node: 8", "gpus_per_node: 99999999999999999999"),
                 "node_selector_profile": ("notes:", 'k8s:\n  node_selector:\n    "bad key!": "v v"\nnotes:')}

@@ -57,6 +57,8 @@ LAUNCH_CASES = [
     L("output-newline", "-o with a newline", ["slurm", "-o", "{tmp}/job\n.sh"], 2, "control characters in a file name"),
     L("profile-long-int", "--profile YAML with a 5000-digit integer", ["torchrun", "--profile", "{long_int_yaml}"], 2,
       "a value cannot be read"),
+    L("output-is-profile", "-o naming the --profile file (would replace it with the script)",
+      ["torchrun", "--profile", "{copy_profile}", "-o", "{copy_profile}"], 2, "is the input file"),
     L("output-empty", "-o ''", ["k8s", "-o", ""], 2, "empty file name"),
     # ---- launch: profile/fabric YAML (bounded)
     L("profile-alias-bomb", "--profile YAML alias bomb", ["torchrun", "--profile", "{bomb_yaml}"], 2, "alias bomb"),
