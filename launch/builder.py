@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from launch import catalog, defaults
+from launch.safety import canonical_path
 from launch.spec import (
     JobSpec,
     NetworkOverrides,
@@ -126,11 +127,9 @@ def _preflight(o: dict) -> Preflight:
 
 def _check_mount_targets(spec: JobSpec) -> None:
     """Every mount point once: docker and enroot refuse a second mount on the same path."""
-    import posixpath
-
-    seen = {posixpath.normpath(spec.checkpoint_dir): "--checkpoint-dir"}
+    seen = {canonical_path(spec.checkpoint_dir): "--checkpoint-dir"}
     for mount in spec.mounts:
-        target = posixpath.normpath(mount.target)
+        target = canonical_path(mount.target)
         if target in seen:
             raise SpecError(f"--mount {mount.source}:{mount.target}: {mount.target!r} is already mounted "
                             f"({seen[target]})")

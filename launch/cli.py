@@ -53,7 +53,7 @@ def job_options(func):
                      help="Network fabric; default from the profile (single-node or multi-node)."),
         click.option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
                      help="Node count, or MIN:MAX for an elastic job."),
-        click.option("--nproc-per-node", type=StrictInt(1, 4096), default=None, metavar="N",
+        click.option("--nproc-per-node", type=StrictInt(1, defaults.MAX_NPROC_PER_NODE), default=None, metavar="N",
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
         click.option("--image", default=None, help=f"Container image; default {defaults.IMAGE_REPOSITORY}:<image target>."),
         click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
@@ -114,6 +114,7 @@ def _prepare(options: dict):
 
     output.check_target(options.get("output"))
     built = builder.build(options)
+    output.check_not_input(options.get("output"), (built.spec.profile.path, built.spec.fabric.path))
     plan = envplan.build_env(built.spec)
     for message in built.warnings + list(plan.warnings):
         _warn(message)

@@ -17,6 +17,7 @@ IMAGE_REPOSITORY = "hopper-train"  # default --image: <repository>:<the profile'
 ELASTIC_MAX_RESTARTS = 3  # torchrun --max-restarts of an elastic job (fixed-size jobs: 0)
 FLIGHT_RECORDER_ENTRIES = 2000  # bare --flight-recorder
 PREFLIGHT_MIN_FRACTION = 0.5
+MAX_NPROC_PER_NODE = 4096  # --nproc-per-node and a profile's gpus_per_node
 
 # --------------------------------------------------------------------------- Slurm
 

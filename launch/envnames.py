@@ -27,6 +27,23 @@ NOT_NCCL = {
 }
 
 
+# Variables bash itself owns: read-only ones (an `export` of them stops the script) and ones
+# that change how the launcher scripts - which export the job's environment - parse and run
+# (IFS splits words, SHELLOPTS/BASHOPTS switch options, BASH_ENV/ENV source a file in every
+# bash started later, CDPATH/GLOBIGNORE/POSIXLY_CORRECT change cd, globs and parsing, PS4 is
+# expanded under xtrace, TMOUT times out `read`). Any name starting with BASH_ too.
+SHELL_OWNED = frozenset((
+    "BASH", "BASHOPTS", "BASHPID", "SHELLOPTS", "IFS", "ENV", "CDPATH", "GLOBIGNORE", "POSIXLY_CORRECT",
+    "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "TMOUT", "FUNCNEST", "UID", "EUID", "PPID", "GROUPS",
+    "HOSTTYPE", "OPTIND", "OPTARG", "OPTERR", "RANDOM", "SRANDOM", "SECONDS", "LINENO", "FUNCNAME",
+    "PIPESTATUS", "DIRSTACK", "EPOCHSECONDS", "EPOCHREALTIME", "SHLVL", "PWD", "OLDPWD",
+))
+
+
+def shell_owned(name: str) -> bool:
+    return name in SHELL_OWNED or name.startswith("BASH_")
+
+
 @lru_cache(maxsize=1)
 def documented_nccl() -> frozenset[str]:
     """NCCL's documented variables (``launch/nccl_documented_env.txt``)."""
@@ -41,12 +58,19 @@ def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False
         raise SpecError(f"{option} {name!r}: {name!r} is not a valid environment variable name")
     if name in NOT_NCCL:
         raise SpecError(f"{name} is not an NCCL variable: {NOT_NCCL[name]}")
+    check_not_shell_owned(option, name)
     if name.startswith("NCCL_") and name not in documented_nccl() and not allow_undocumented_nccl:
         raise SpecError(
             f"{option} {name}: not a documented NCCL variable (see launch/nccl_documented_env.txt); "
             "pass --allow-undocumented-nccl to set it anyway"
         )
     return name
+
+
+def check_not_shell_owned(where: str, name: str) -> None:
+    if shell_owned(name):
+        raise SpecError(f"{where} {name}: a variable bash itself sets or reads; the launcher scripts export "
+                        "the job's environment and would break (or stop) on it")
 
 
 def check_unique_env(names) -> None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.envnames import NOT_NCCL
+from launch.envnames import NOT_NCCL, check_not_shell_owned
 from launch.errors import SpecError
-from launch.spec import JobSpec
+from launch.spec import JobSpec, reject_nul
 
 NVLS_VARIABLE = "NCCL_NVLS_ENABLE"
 
@@ -177,3 +177,5 @@ def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
             )
         if var.name in NOT_NCCL:
             raise SpecError(f"{var.name} is not an NCCL variable: {NOT_NCCL[var.name]}")
+        check_not_shell_owned("environment variable", var.name)  # profile and fabric files too
+        reject_nul(f"environment variable {var.name}", var.value)  # no process can receive it

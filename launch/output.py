@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-from launch.safety import atomic_write, check_output_target
+from launch.errors import SpecError
+from launch.safety import atomic_write, check_output_target, excerpt
 
 
 def check_target(output: str | None) -> None:
@@ -12,6 +14,16 @@ def check_target(output: str | None) -> None:
     if output is None or output == "-":
         return
     check_output_target(output, "-o")
+
+
+def check_not_input(output: str | None, inputs) -> None:
+    """``-o`` is none of the files the job was read from (``--profile x.yaml -o x.yaml`` would
+    replace the profile with the script)."""
+    if output is None or output == "-" or not os.path.exists(output):
+        return
+    for path in inputs:
+        if os.path.exists(path) and os.path.samefile(output, path):
+            raise SpecError(f"-o {excerpt(output)}: is the input file {excerpt(str(path))}; write elsewhere")
 
 
 def write(text: str, output: str | None, executable: bool) -> None:

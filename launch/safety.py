@@ -307,6 +307,7 @@ def _check_expansion(root, what: str) -> None:
         if isinstance(node, yaml.SequenceNode):
             stack.extend((child, depth + 1) for child in node.value)
         elif isinstance(node, yaml.MappingNode):
+            _check_keys(node, what)
             keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
             if len(keys) != len(set(keys)):
                 dup = next(k for k in keys if keys.count(k) > 1)
@@ -314,6 +315,21 @@ def _check_expansion(root, what: str) -> None:
             for key, value in node.value:
                 stack.append((key, depth + 1))
                 stack.append((value, depth + 1))
+
+
+_KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
+
+
+def _check_keys(node, what: str) -> None:
+    """Mapping keys are strings (or ``<<``): ``1:``, ``true:``, ``2020-01-01:`` or ``[a]:`` as a
+    key is a mistake in every file read here, and code downstream handles names as text."""
+    import yaml
+
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag not in _KEY_TAGS:
+            shown = f"key {excerpt(key.value)}" if isinstance(key, yaml.ScalarNode) else "a list or mapping as a key"
+            kind = key.tag.rsplit(":", 1)[-1]
+            raise InputError(f"{what}: {shown} (line {key.start_mark.line + 1}) is not a string ({kind}); quote it")
 
 
 # --------------------------------------------------------------------------- output files
@@ -326,13 +342,27 @@ RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "
                   "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
 
 
-def reserved_path(path: str) -> bool:
-    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys..."""
+def canonical_path(path: str) -> str:
+    """``path`` (absolute, POSIX) without ``.``, ``..``, repeated or trailing slashes. POSIX
+    ``normpath`` keeps a leading ``//`` (implementation-defined there, the root on Linux),
+    so ``//etc`` would not compare equal to ``/etc``: every leading slash run becomes one."""
     import posixpath
 
     norm = posixpath.normpath(path)
-    norm = "/" if norm == "//" else norm
+    return "/" + norm.lstrip("/") if norm.startswith("/") else norm
+
+
+def reserved_path(path: str) -> bool:
+    """``path`` (absolute, POSIX) is ``/``, a system directory or inside /dev, /proc, /sys...
+    (``//etc`` and ``/tmp/../etc`` included)."""
+    norm = canonical_path(path)
     return norm in RESERVED_PATHS or any(norm.startswith(tree + "/") for tree in RESERVED_TREES)
+
+
+def reserved_local_path(path: str | os.PathLike) -> bool:
+    """A path of this machine that is, or resolves through symbolic links to, a reserved
+    path (``--out link-to-etc``): the directory that would really be written."""
+    return reserved_path(os.path.realpath(os.fspath(path)))
 
 
 

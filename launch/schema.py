@@ -4,6 +4,8 @@ Every environment setting is ``{value, why}``: the reason is data, rendered as a
 comment next to the variable in every script and manifest.
 """
 
+from launch.defaults import MAX_NPROC_PER_NODE
+
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 
 ENV_ENTRY = {
@@ -51,12 +53,12 @@ PROFILE_SCHEMA = {
             "properties": {
                 "model": {"type": "string"},
                 "arch": {"type": "string", "pattern": r"^(sm_[0-9]+a?|any)$"},
-                "gpus_per_node": {"type": "integer", "minimum": 1},
-                "memory_gb": {"type": "integer", "minimum": 1},
+                "gpus_per_node": {"type": "integer", "minimum": 1, "maximum": MAX_NPROC_PER_NODE},
+                "memory_gb": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
             },
         },
         "cpu_arch": {"enum": ["amd64", "arm64"]},
-        "cpus_per_node": {"type": "integer", "minimum": 1},
+        "cpus_per_node": {"type": "integer", "minimum": 1, "maximum": 1 << 16},
         "interconnect": {
             "type": "object",
             "additionalProperties": False,
@@ -124,7 +126,7 @@ FABRIC_SCHEMA = {
             "additionalProperties": False,
             "required": ["value", "why"],
             "properties": {
-                "value": {"type": "number", "exclusiveMinimum": 0},
+                "value": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},  # finite: 1e309 is inf
                 "why": {"type": "string", "minLength": 10},
             },
         },
@@ -147,7 +149,7 @@ FABRIC_SCHEMA = {
                     "properties": {
                         "name": {"type": "string", "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$"},
                         # null: the count is site-specific; --rdma-resource NAME=COUNT is required
-                        "count": {"type": ["integer", "null"], "minimum": 1},
+                        "count": {"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 16},
                         "why": {"type": "string", "minLength": 10},
                     },
                 },

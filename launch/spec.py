@@ -183,8 +183,8 @@ def parse_entrypoint(value: str) -> tuple[str, ...]:
         tokens = tuple(shlex.split(value))
     except ValueError as exc:
         raise SpecError(f"--entrypoint {value!r}: {exc}") from None
-    if not tokens:
-        raise SpecError("--entrypoint is empty")
+    if not tokens or not tokens[0].strip():  # '' or "' '": no program to run
+        raise SpecError("--entrypoint is empty" if not tokens else f"--entrypoint {value!r}: the program name is empty")
     if tokens[0].startswith("-"):  # would be read as a torchrun option
         raise SpecError(f"--entrypoint {value!r}: must start with a program, not an option")
     return tokens

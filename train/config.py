@@ -52,9 +52,9 @@ class DataConfig:
             raise ConfigError("data.path: required when data.source=file")
         if self.embedded_mb <= 0:
             raise ConfigError(f"data.embedded_mb: must be > 0, got {self.embedded_mb}")
-        from launch.safety import reserved_path
+        from launch.safety import reserved_local_path
 
-        if self.cache_dir and reserved_path(os.path.abspath(self.cache_dir)):
+        if self.cache_dir and reserved_local_path(self.cache_dir):
             raise ConfigError(f"data.cache_dir: {excerpt(self.cache_dir)} is a system directory")
 
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from launch.errors import InputError
-from launch.safety import check_output_target, control_chars, excerpt, reserved_path
+from launch.safety import check_output_target, control_chars, excerpt, reserved_local_path
 from train.config import JobConfig
 from train.errors import ConfigError
 from train.parallel.config import check_offload_device
@@ -51,7 +51,7 @@ def check_out_dir(out) -> Path:
     text = os.fspath(out)
     if not text.strip():
         raise ConfigError("--out: empty directory name")
-    if reserved_path(os.path.abspath(text)):
+    if reserved_local_path(text):
         raise ConfigError(f"--out {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
                           "be a run directory")
     return check_dir("--out", text)
@@ -185,7 +185,7 @@ def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     top = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir)).split(os.sep)[0]
     if top in RUN_OWNED or top.startswith(ASIDE_PREFIX):
         raise ConfigError(f"{shown}: inside the run's own {top}")
-    if reserved_path(os.path.abspath(path)):
+    if reserved_local_path(path):
         raise ConfigError(f"{shown}: inside a system directory")
     check_dir("metrics.prometheus_file", str(path.parent))
     if os.path.lexists(path):

@@ -16,7 +16,7 @@ _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 _QUALIFIED_NAME = re.compile(
     r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 # Variables whose only allowed value launch knows (NVLink multicast stays off): a Secret's
 # value is not known when rendering, so these can never come from one.
 NEVER_FROM_SECRET = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
@@ -54,7 +54,7 @@ def _dns_subdomain(option: str, value: str) -> str:
     return value
 
 
-def _key_value(option: str, item: str, value_pattern: re.Pattern | None) -> tuple[str, str]:
+def parse_key_value(option: str, item: str, value_pattern: re.Pattern | None) -> tuple[str, str]:
     if "=" not in item:
         raise SpecError(f"{option} {item!r}: expected KEY=VALUE")
     key, value = item.split("=", 1)
@@ -65,6 +65,17 @@ def _key_value(option: str, item: str, value_pattern: re.Pattern | None) -> tupl
     if "\x00" in value or any("\ud800" <= ch <= "\udfff" for ch in item):
         raise SpecError(f"{option} {item!r}: contains NUL or a non-UTF-8 byte")
     return key, value
+
+
+def _once(option: str, keys) -> tuple:
+    """Each key once: a mapping in the manifest keeps the last value silently (a list entry twice
+    is refused by the API server)."""
+    keys = tuple(keys)
+    names = [k[0] if isinstance(k, tuple) else k for k in keys]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise SpecError(f"{option} {name!r} is given twice")
+    return keys
 
 
 def parse_rdma_resource(value: str | None) -> tuple[str, int | None] | None:
@@ -89,8 +100,9 @@ def parse_secret_env(values, allow_undocumented_nccl: bool = False) -> tuple[Sec
         if name in NEVER_FROM_SECRET:
             raise SpecError(f"--env-secret {name}: refused; launch sets it itself or not at all (NVLink "
                             "multicast stays off) and a Secret's value cannot be checked")
-        if len(match.group(3)) > 253:
-            raise SpecError(f"--env-secret {item!r}: KEY longer than 253 characters")
+        key = match.group(3)
+        if len(key) > 253 or key == "." or key.startswith(".."):  # the API server's Secret key rule
+            raise SpecError(f"--env-secret {item!r}: KEY of at most 253 characters, not '.' or starting with '..'")
         out.append(SecretEnv(name, _dns_subdomain("--env-secret", match.group(2)), match.group(3)))
     check_unique_env(s.name for s in out)
     return tuple(out)
@@ -103,7 +115,7 @@ def parse_options(
 ) -> K8sOptions:
     if namespace is not None and (len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace)):
         raise SpecError(f"--namespace {namespace!r}: not a valid namespace name")
-    if queue is not None and (len(queue) > 63 or not _LABEL_VALUE.fullmatch(queue) or not queue):
+    if queue is not None and (len(queue) > 63 or not LABEL_VALUE.fullmatch(queue) or not queue):
         raise SpecError(f"--queue {queue!r}: not a valid label value")
     if backoff_limit < 0 or ttl_seconds < 0:
         raise SpecError("--backoff-limit and --ttl-seconds must be 0 or more")
@@ -114,9 +126,9 @@ def parse_options(
         rdma_resource=parse_rdma_resource(rdma_resource),
         queue=queue,
         gang=bool(gang),
-        image_pull_secrets=tuple(_dns_subdomain("--image-pull-secret", s) for s in pull_secrets),
-        node_selector=tuple(_key_value("--node-selector", s, _LABEL_VALUE) for s in node_selector),
-        pod_annotations=tuple(_key_value("--pod-annotation", s, None) for s in pod_annotations),
+        image_pull_secrets=_once("--image-pull-secret", (_dns_subdomain("--image-pull-secret", s) for s in pull_secrets)),
+        node_selector=_once("--node-selector", (parse_key_value("--node-selector", s, LABEL_VALUE) for s in node_selector)),
+        pod_annotations=_once("--pod-annotation", (parse_key_value("--pod-annotation", s, None) for s in pod_annotations)),
         backoff_limit=backoff_limit,
         ttl_seconds=ttl_seconds,
         secret_env=parse_secret_env(secret_env, allow_undocumented_nccl),

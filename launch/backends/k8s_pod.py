@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.backends.k8s_options import K8sOptions
+from launch.backends.k8s_options import LABEL_VALUE, K8sOptions, parse_key_value
 from launch.commandline import preflight_train_args
 from launch.envnames import check_unique_env
 from launch.envplan import EnvPlan
@@ -121,7 +121,8 @@ def job_labels(spec: JobSpec, opts: K8sOptions) -> dict:
 
 def _node_selector(spec: JobSpec, opts: K8sOptions) -> dict:
     node_selector = {"kubernetes.io/arch": spec.profile.cpu_arch, "nvidia.com/gpu.present": "true"}
-    node_selector.update(dict(spec.profile.node_selector))
+    where = f"profile {spec.profile.name!r} k8s.node_selector"  # the same rule as --node-selector
+    node_selector.update(parse_key_value(where, f"{k}={v}", LABEL_VALUE) for k, v in spec.profile.node_selector)
     node_selector.update(dict(opts.node_selector))
     return node_selector
 

@@ -38,11 +38,22 @@ class SlurmOptions:
         return cls(
             parse_safe_token("--partition", partition),
             parse_safe_token("--account", account),
-            parse_safe_token("--time", time),
+            parse_time(time),
             bool(pyxis),
             parse_gres(gpu_gres),
             parse_venv(venv),
         )
+
+
+# sbatch --time: MIN, MIN:SEC, H:MIN:SEC, D-H, D-H:MIN, D-H:MIN:SEC, or no limit.
+_TIME = re.compile(r"[0-9]{1,8}(:[0-9]{1,8}){0,2}|[0-9]{1,5}-[0-9]{1,8}(:[0-9]{1,8}){0,2}|INFINITE|UNLIMITED",
+                   re.ASCII | re.IGNORECASE)
+
+
+def parse_time(value: str | None) -> str | None:
+    if value is not None and not _TIME.fullmatch(value):
+        raise SpecError(f"--time {value!r}: a Slurm time limit such as 90, 24:00:00 or 2-12:00:00")
+    return value
 
 
 _GRES = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(:[A-Za-z0-9_.-]+)?")

@@ -177,3 +177,11 @@ def test_tiny_preset_trains_on_prepared_text(corpus, tmp_path):
     lines = [ln for ln in wrong.stderr.splitlines() if ln.startswith("error:")]
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr[-2000:]  # bad input
     assert len(lines) == 1 and "data.tokenizer=gpt2" in lines[0] and "was prepared with tokenizer" in lines[0]
+
+
+def test_empty_input_name_is_refused(corpus, tmp_path):
+    """``''`` as an input is Path('.'), the current directory: refused, not tokenized."""
+    d, _, _ = corpus
+    res = train_cli(["data", "prepare", "", "--tokenizer", str(d / "tok"), "--out", str(tmp_path / "e.bin")])
+    assert "input '': empty name" in _one_error(res)
+    assert not (tmp_path / "e.bin").exists() and not (tmp_path / "e.json").exists()

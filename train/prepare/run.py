@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from launch.safety import atomic_write
+from launch.errors import InputError
+from launch.safety import atomic_write, check_output_target, excerpt, reserved_local_path
 from train.errors import PrepareError
 from train.prepare.tokenizer import load_tokenizer
 from train.prepare.units import Unit, plan_units
@@ -65,8 +66,7 @@ def prepare(inputs: list[str], out: Path, tokenizer: str, *, workers: int = 0, t
     """Tokenize ``inputs`` into ``out`` (+ ``out.json``); with ``shard=(i, n)`` only units
     i, i+n, ... into ``out.parts/`` (no merge). Raises PrepareError naming a bad input."""
     t0 = time.perf_counter()
-    if out.suffix == ".json":
-        raise PrepareError(f"--out {out}: the metadata goes beside the token file as .json; name the token file .bin")
+    _check_out(out)
     spec = load_tokenizer(tokenizer, online, eos)
     dtype = "uint16" if spec.vocab_size <= 65536 else "uint32"
     itemsize = np.dtype(dtype).itemsize
@@ -109,6 +109,23 @@ def prepare(inputs: list[str], out: Path, tokenizer: str, *, workers: int = 0, t
     if not keep_parts:
         shutil.rmtree(parts, ignore_errors=True)
     return Result(out, num_tokens, documents, len(units), len(done), time.perf_counter() - t0, True)
+
+
+def _check_out(out: Path) -> None:
+    """A token file name (not ''/'.', not .json) outside the system directories (also through
+    a symbolic link or ``//etc``); OUT and OUT.json, where they exist, regular files."""
+    if out.name in ("", ".", ".."):
+        raise PrepareError(f"--out {excerpt(str(out))}: give the token file's name, e.g. tokens.bin")
+    if out.suffix == ".json":
+        raise PrepareError(f"--out {out}: the metadata goes beside the token file as .json; name the token file .bin")
+    if reserved_local_path(out):
+        raise PrepareError(f"--out {excerpt(str(out))}: inside a system directory (/etc, /usr, /dev, /proc...)")
+    for path in (out, out.with_suffix(".json")):
+        if os.path.lexists(path):
+            try:
+                check_output_target(path, "--out")
+            except InputError as exc:
+                raise PrepareError(str(exc)) from None
 
 
 def _already_prepared(out: Path, sha256: str, sources: list[str], itemsize: int) -> Result | None:

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.safety import excerpt
 from train.errors import PrepareError
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
@@ -81,6 +82,8 @@ def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: 
     into ``chunk_bytes`` ranges, Arrow files into ``arrow_rows`` rows."""
     units: list[Unit] = []
     for item in inputs:
+        if not item.strip():  # Path('') is the current directory: never what an empty name meant
+            raise PrepareError(f"input {excerpt(item)}: empty name")
         if item.startswith("hf:"):
             units += _arrow_units(_hub_dataset(item, split, online), arrow_rows)
             continue
