@@ -298,6 +298,7 @@ def _check_expansion(root, what: str) -> None:
         if seen > MAX_YAML_NODES:
             raise InputError(f"{what}: more than {MAX_YAML_NODES} values after expanding aliases (alias bomb?)")
         if isinstance(node, yaml.ScalarNode):
+            _check_number(node, what)
             chars += len(node.value)  # a long string aliased many times is a bomb too (repr, messages)
             if chars > MAX_YAML_EXPANDED_CHARS:
                 raise InputError(f"{what}: more than {MAX_YAML_EXPANDED_CHARS} characters after expanding "
@@ -318,6 +319,21 @@ def _check_expansion(root, what: str) -> None:
 
 
 _KEY_TAGS = ("tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+# What YAML 1.2 and a reader agree on: decimal integers (no leading zero), hexadecimal, and
+# decimal floats; YAML 1.1 (PyYAML) also reads 010 as 8, 0b11 as 3, 1:30 as 90 and 1_000 as 1000.
+_PLAIN_NUMBER = re.compile(r"[-+]?(0|[1-9][0-9]*)|0x[0-9a-fA-F]+"
+                           r"|[-+]?(\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+"
+                           r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+
+
+def _check_number(node, what: str) -> None:
+    """A plain number is written the way it reads: ``steps: 010`` (8 to YAML 1.1, 10 to a
+    person), ``0b11``, ``1:30`` (90) or ``1_000`` is refused, naming the line."""
+    if node.style is None and node.tag in _NUMBER_TAGS and not _PLAIN_NUMBER.fullmatch(node.value):
+        raise InputError(f"{what}: {excerpt(node.value)} (line {node.start_mark.line + 1}) is not a plain decimal "
+                         "number (YAML 1.1 reads octal, binary, base-60 and underscores): write it in decimal, "
+                         "or quote it for a string")
 
 
 def _check_keys(node, what: str) -> None:

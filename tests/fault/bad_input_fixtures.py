@@ -48,12 +48,14 @@ def _config_files(tmp: Path) -> dict[str, str]:
     profiles = {"ifs_profile": ("OMP_NUM_THREADS:", "IFS:"), "copy_profile": ("", ""), "int_key_profile": ("OMP_NUM_THREADS:", "1:"),
                 "nul_env_profile": ('value: "4"', 'value: "4\\0x"'),
                 "huge_gpus_profile": ("gpus_per_node: 8", "gpus_per_node: 99999999999999999999"),
+                "octal_gpus_profile": ("gpus_per_node: 8", "gpus_per_node: 010"),
                 "node_selector_profile": ("notes:", 'k8s:\n  node_selector:\n    "bad key!": "v v"\nnotes:')}
     for name, (old, new) in profiles.items():
         (tmp / f"{name}.yaml").write_text(generic.replace(old, new))
     (tmp / "int_key.yaml").write_text("train:\n  1: 2\n")
+    (tmp / "octal.yaml").write_text("train:\n  steps: 010\n")
     return {"etc_link": str(tmp / "etc_link"), **{name: str(tmp / f"{name}.yaml") for name in profiles},
-            "int_key_yaml": str(tmp / "int_key.yaml"),
+            "int_key_yaml": str(tmp / "int_key.yaml"), "octal_yaml": str(tmp / "octal.yaml"),
             "tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
             "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
             "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),

@@ -170,6 +170,8 @@ LAUNCH_CASES = [
       "environment variable OMP_NUM_THREADS contains a NUL character"),
     L("profile-huge-gpus", "--profile YAML with gpus_per_node 10^20", ["slurm", "--profile", "{huge_gpus_profile}"], 2,
       "greater than the maximum of 4096"),
+    L("profile-octal-gpus", "--profile YAML with gpus_per_node: 010 (8 to YAML 1.1)",
+      ["torchrun", "--profile", "{octal_gpus_profile}"], 2, "'010' (line"),
     L("profile-node-selector", "--profile YAML with a node selector Kubernetes refuses",
       ["k8s", "--profile", "{node_selector_profile}"], 2, "'bad key!' is not a valid Kubernetes key"),
     # ---- launch: names and tokens
