@@ -312,6 +312,8 @@ TRAIN_CASES = [
     T("bench-name-dash", "bench report --name starting with '-'", ["bench", "step", "--name=-x"], 2, "--name '-x'"),
     T("bench-out-fifo", "bench --out naming a FIFO", ["bench", "step", "--out", "{fifo}"], 2,
       "exists and is not a directory"),
+    T("bench-timeout-zero", "bench step with a process-group timeout of 0 s", ["bench", "step", "--timeout-s", "0"], 2,
+      "'--timeout-s': must be at least 1"),
     T("bench-batch-zero", "bench grid with batch 0", ["bench", "step", "--batch", "4,0"], 2,
       "--batch: must be at least 1"),
     T("bench-batch-word", "bench grid with a word for a batch", ["bench", "step", "--batch", "abc"], 2,
