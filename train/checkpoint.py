@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,10 @@ from train.errors import CheckpointError
 from train.state import ModelOptimizer, rng_state, set_rng_state  # noqa: F401 - rng_*: public here too
 
 _ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
+# DCP warns at every save and load of a run without a process group (one process) that it
+# "assumes the intent is to save in a single process", also with no_dist=True and also from
+# async_save's writer thread: that is the intent here. Only that message is dropped.
+warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled|unavailable)", category=UserWarning)
 log = logging.getLogger(__name__)
 
 STEP_RE = re.compile(r"^step_(\d{8})$")
