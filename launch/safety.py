@@ -331,7 +331,8 @@ def _check_number(node, what: str) -> None:
     """A plain number is written the way it reads: ``steps: 010`` (8 to YAML 1.1, 10 to a
     person), ``0b11``, ``1:30`` (90) or ``1_000`` is refused, naming the line."""
     if node.style is None and node.tag in _NUMBER_TAGS and not _PLAIN_NUMBER.fullmatch(node.value):
-        raise InputError(f"{what}: {excerpt(node.value)} (line {node.start_mark.line + 1}) is not a plain decimal "
+        # not YAML as a reader means it: a --set value then stays the plain string (10:12)
+        raise YamlSyntaxError(f"{what}: {excerpt(node.value)} (line {node.start_mark.line + 1}) is not a plain decimal "
                          "number (YAML 1.1 reads octal, binary, base-60 and underscores): write it in decimal, "
                          "or quote it for a string")
 

@@ -304,9 +304,7 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"--set {item!r}: empty key")
         try:
             value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
-        except YamlSyntaxError:
-            value = raw  # not YAML: the plain string
-        if isinstance(value, int) and ":" in raw:  # YAML 1.1 reads 10:12 as base 60 (612): keep "10:12"
+        except YamlSyntaxError:  # not YAML, or a number YAML 1.1 would misread (10:12 as 612): the plain string
             value = raw.strip()
         node = out
         parts = key.split(".")
