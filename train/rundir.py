@@ -192,6 +192,21 @@ class RunLock:
 # --------------------------------------------------------------------------- moving aside
 
 
+def lock_held(path: Path) -> bool:
+    """A live process holds the lock file ``path`` (:class:`RunLock`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def _live_lock_under(path: Path) -> Path | None:
     """A run lock below ``path`` that a live run holds (a run directory nested in what
     would be moved: moving it would pull the directory from under that run)."""
@@ -199,17 +214,9 @@ def _live_lock_under(path: Path) -> Path | None:
         return None
     for root, _, files in os.walk(path):
         for name in files:
-            if name == LOCK_NAME or (name.startswith(".") and name.endswith(".lock")):
-                try:
-                    fd = os.open(os.path.join(root, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except OSError:
-                    return Path(root) / name
-                finally:
-                    os.close(fd)
+            if (name == LOCK_NAME or (name.startswith(".") and name.endswith(".lock"))) \
+                    and lock_held(Path(root) / name):
+                return Path(root) / name
     return None
 
 

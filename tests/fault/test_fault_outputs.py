@@ -80,3 +80,25 @@ def test_compression_keeps_an_earlier_variant_run(tmp_path):
     kept = list(runs.glob("replaced-*/none/precious.txt"))
     assert len(kept) == 1 and kept[0].read_text() == "keep me\n"
     assert (runs / "none" / "metrics.jsonl").is_file() and not (runs / ".train.lock").exists()
+
+
+def test_prepare_refuses_a_second_preparation_of_one_out(tmp_path):
+    """Two `train data prepare --out T` at once: the first removed T.parts/ under the second
+    (FileNotFoundError traceback), or one of other inputs replaced the first's finished T.
+    Now the second is refused at once, naming the first; a shard has its own lock, and the
+    merging run keeps T.parts/ while a shard still writes there."""
+    from train.errors import RunDirBusy
+    from train.prepare.run import _shards_running, prepare
+    from train.rundir import RunLock
+
+    out = tmp_path / "t.bin"
+    (tmp_path / "doc.txt").write_text("hello\n")
+    with RunLock(tmp_path, ".t.bin.lock"):
+        with pytest.raises(RunDirBusy, match="--out .*t.bin.*in use by another run"):
+            prepare([str(tmp_path / "doc.txt")], out, "no-such-tokenizer")
+    with RunLock(tmp_path, ".t.bin.shard-0-of-2.lock"):
+        assert _shards_running(out)
+        with pytest.raises(RunDirBusy):
+            prepare([str(tmp_path / "doc.txt")], out, "no-such-tokenizer", shard=(0, 2))
+    assert not _shards_running(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt"]
