@@ -183,6 +183,9 @@ def check_data(job: JobConfig) -> None:
     """A token file (data.source=file) is opened and checked now: a bad file is a usage
     error before any directory, lock or process group exists."""
     if job.data.source == "embedded" and job.data.cache_dir:
+        inside = inside_other_run(job.data.cache_dir)
+        if inside:
+            raise ConfigError(f"data.cache_dir {excerpt(job.data.cache_dir)}: inside another run's {excerpt(inside)}")
         check_dir("data.cache_dir", job.data.cache_dir)
     if job.data.source != "file":
         return
