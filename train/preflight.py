@@ -18,7 +18,7 @@ from train.errors import ConfigError
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
 from train.precision.fp8 import check_float8
-from train.rundir import ASIDE_PREFIX, LOCK_NAME, RUN_FILES
+from train.rundir import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
 
 
 def world_size_from_env() -> int:
@@ -46,15 +46,43 @@ def check_job(job: JobConfig, world_size: int) -> ParallelDims:
     return dims
 
 
-def check_out_dir(out) -> Path:
-    """``--out``: a usable directory path (returned as a Path)."""
+def check_out_dir(out, what: str = "--out") -> Path:
+    """``--out`` (or another output directory option, ``what``): a usable directory path,
+    not a system directory, not inside another run's own entries (returned as a Path)."""
     text = os.fspath(out)
     if not text.strip():
-        raise ConfigError("--out: empty directory name")
+        raise ConfigError(f"{what}: empty directory name")
     if reserved_local_path(text):
-        raise ConfigError(f"--out {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
+        raise ConfigError(f"{what} {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
                           "be a run directory")
-    return check_dir("--out", text)
+    inside = inside_other_run(text)
+    if inside:
+        raise ConfigError(f"{what} {excerpt(text)}: inside another run's {excerpt(inside)} (its own files); "
+                          "use a directory of its own")
+    return check_dir(what, text)
+
+
+def _is_run_dir(path: Path) -> bool:
+    """``path`` is (or was) a ``train run`` directory: its lock, or a config.yaml it wrote."""
+    if os.path.lexists(path / LOCK_NAME):
+        return True
+    try:
+        with open(path / CONFIG_NAME, "rb") as fh:
+            return fh.read(len(HISTORY_HEAD)) == HISTORY_HEAD.encode()
+    except OSError:
+        return False
+
+
+def inside_other_run(path: str) -> str | None:
+    """The entry of another run directory that ``path`` (through symbolic links) lies in:
+    ``RUN/checkpoints/...``, ``RUN/traces/...``, ``RUN/replaced-.../...`` - a run writing
+    there would mix its files with that run's, and its --overwrite would move them."""
+    real = Path(os.path.realpath(path))
+    for parent in real.parents:
+        child = real.relative_to(parent).parts[0]
+        if (child in RUN_OWNED or child.startswith(ASIDE_PREFIX)) and _is_run_dir(parent):
+            return str(parent / child)
+    return None
 
 
 def check_dir(what: str, text: str) -> Path:
@@ -155,6 +183,9 @@ def check_data(job: JobConfig) -> None:
     """A token file (data.source=file) is opened and checked now: a bad file is a usage
     error before any directory, lock or process group exists."""
     if job.data.source == "embedded" and job.data.cache_dir:
+        inside = inside_other_run(job.data.cache_dir)
+        if inside:
+            raise ConfigError(f"data.cache_dir {excerpt(job.data.cache_dir)}: inside another run's {excerpt(inside)}")
         check_dir("data.cache_dir", job.data.cache_dir)
     if job.data.source != "file":
         return
@@ -167,7 +198,7 @@ def check_data(job: JobConfig) -> None:
 
 
 # What a run writes into its own directory: a metrics file must never be one of them.
-RUN_OWNED = (*RUN_FILES, LOCK_NAME, "traces")
+RUN_OWNED = (*RUN_FILES, LOCK_NAME)
 
 
 def check_metric_files(job: JobConfig, out_dir: Path) -> None:
@@ -185,6 +216,9 @@ def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     top = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir)).split(os.sep)[0]
     if top in RUN_OWNED or top.startswith(ASIDE_PREFIX):
         raise ConfigError(f"{shown}: inside the run's own {top}")
+    inside = inside_other_run(str(path))
+    if inside:
+        raise ConfigError(f"{shown}: inside another run's {excerpt(inside)}")
     if reserved_local_path(path):
         raise ConfigError(f"{shown}: inside a system directory")
     check_dir("metrics.prometheus_file", str(path.parent))

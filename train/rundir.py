@@ -38,8 +38,9 @@ from train.errors import ConfigError, RunDirBusy
 LOCK_NAME = ".train.lock"
 CONFIG_NAME = "config.yaml"
 HISTORY_PREFIX = "# - "
+HISTORY_HEAD = "# Run history of this directory (train run)"
 # What an earlier run leaves in OUT (a fresh run into OUT would mix its files with these).
-RUN_FILES = (CONFIG_NAME, "metrics.jsonl", "checkpoints", "flight_recorder", "tb")
+RUN_FILES = (CONFIG_NAME, "metrics.jsonl", "checkpoints", "flight_recorder", "tb", "traces", "wandb")
 # --overwrite moves an earlier run's files into OUT/<ASIDE_PREFIX><UTC time>.
 ASIDE_PREFIX = "replaced-"
 # Keys that may change on --resume without changing what is trained.
@@ -76,15 +77,20 @@ def _alive(pid: int, start: str | None) -> bool:
 
 
 def run_id() -> str | None:
-    """torchrun's run id (``--rdzv-id``; the Slurm job id in our sbatch scripts)."""
-    return os.environ.get("TORCHELASTIC_RUN_ID") or None
+    """torchrun's run id (``--rdzv-id``; the Slurm job id in our sbatch scripts). torchrun's
+    default ``none`` (c10d without ``--rdzv-id``) is shared by unrelated jobs: no id."""
+    value = os.environ.get("TORCHELASTIC_RUN_ID") or None
+    return None if value == "none" else value
 
 
 class RunLock:
-    """Exclusive lock on a run directory; use as a context manager."""
+    """Exclusive lock on a run directory (``OUT/.train.lock``), or with ``name`` on one
+    output of a command (a bench report, a token file); use as a context manager.
+    ``label`` names the output in messages (default ``--out OUT``)."""
 
-    def __init__(self, out_dir: Path):
-        self.path = out_dir / LOCK_NAME
+    def __init__(self, out_dir: Path, name: str = LOCK_NAME, label: str | None = None):
+        self.path = out_dir / name
+        self.label = label or f"--out {excerpt(str(out_dir))}"
         self.fd: int | None = None
 
     def _holder(self) -> dict:
@@ -110,21 +116,21 @@ class RunLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         except OSError as exc:
-            raise ConfigError(f"--out {excerpt(str(self.path.parent))}: cannot create the run lock "
-                              f"{LOCK_NAME} ({exc.strerror})") from None
+            raise ConfigError(f"{self.label}: cannot create the run lock "
+                              f"{self.path.name} ({exc.strerror})") from None
         self.fd = fd
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             self._close()
-            raise ConfigError(f"--out {excerpt(str(self.path.parent))}: {LOCK_NAME} is not a regular file")
+            raise ConfigError(f"{self.label}: {self.path.name} is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             holder = self._holder()
             self._close()
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise RunDirBusy(f"--out {excerpt(str(self.path.parent))}: in use by another run "
+                raise RunDirBusy(f"{self.label}: in use by another run "
                                  f"({self._describe(holder)}); use another --out or wait for it") from None
-            raise ConfigError(f"--out {excerpt(str(self.path.parent))}: cannot lock {LOCK_NAME} "
+            raise ConfigError(f"{self.label}: cannot lock {self.path.name} "
                               f"({exc.strerror})") from None
         try:  # the holder unlinks the file on release: make sure we locked the file at the path
             same = os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
@@ -134,12 +140,12 @@ class RunLock:
             self._close()
             if retries > 0:
                 return self.acquire(retries - 1)
-            raise RunDirBusy(f"--out {excerpt(str(self.path.parent))}: the run lock keeps changing hands")
+            raise RunDirBusy(f"{self.label}: the run lock keeps changing hands")
         holder, host = self._holder(), socket.gethostname()
         if holder and not self._stale(holder, host):
             self._close()
             raise RunDirBusy(
-                f"--out {excerpt(str(self.path.parent))}: in use by another run ({self._describe(holder)}; "
+                f"{self.label}: in use by another run ({self._describe(holder)}; "
                 f"recorded in {self.path}, which this file system's locks cannot confirm); if that run is "
                 "gone, delete the file"
             )
@@ -181,6 +187,63 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+# --------------------------------------------------------------------------- moving aside
+
+
+def lock_held(path: Path) -> bool:
+    """A live process holds the lock file ``path`` (:class:`RunLock`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _live_lock_under(path: Path) -> Path | None:
+    """A run lock below ``path`` that a live run holds (a run directory nested in what
+    would be moved: moving it would pull the directory from under that run)."""
+    if not path.is_dir() or path.is_symlink():
+        return None
+    for root, _, files in os.walk(path):
+        for name in files:
+            if (name == LOCK_NAME or (name.startswith(".") and name.endswith(".lock"))) \
+                    and lock_held(Path(root) / name):
+                return Path(root) / name
+    return None
+
+
+def move_aside(parent: Path, names: list[str], what: str) -> Path:
+    """Move ``parent/NAME`` (each that exists) into a new ``parent/replaced-<UTC time>/``
+    and return it: the one way an earlier result makes room (``train run --overwrite``,
+    bench reports, compression variant runs); nothing is deleted. The directory is made
+    with ``mkdir`` (never reused: a second move in the same second gets ``...-2``)."""
+    present = [n for n in names if os.path.lexists(parent / n)]
+    for name in present:
+        busy = _live_lock_under(parent / name)
+        if busy is not None:
+            raise RunDirBusy(f"{what}: {excerpt(str(parent / name))} holds a live run ({excerpt(str(busy))}); "
+                             "it cannot be moved aside while that run goes on")
+    base = f"{ASIDE_PREFIX}{_now().replace(':', '')}"
+    for i in range(1, 10_000):
+        aside = parent / (base if i == 1 else f"{base}-{i}")
+        try:
+            aside.mkdir()
+            break
+        except FileExistsError:
+            continue
+    else:  # pragma: no cover - 10 000 moves in one second
+        raise ConfigError(f"{what}: cannot find a free {base}-N directory")
+    for name in present:
+        os.replace(parent / name, aside / name)
+    return aside
 
 
 # --------------------------------------------------------------------------- provenance
@@ -233,7 +296,7 @@ def write_config(out_dir: Path, job: JobConfig, event: str) -> None:
     """config.yaml = the run history (comments) + the config now in effect."""
     path = out_dir / CONFIG_NAME
     history = _history(path) + [f"{HISTORY_PREFIX}{_now()} {event} (host {socket.gethostname()}, pid {os.getpid()})"]
-    text = "# Run history of this directory (train run), oldest first:\n" + "\n".join(history) + "\n"
+    text = f"{HISTORY_HEAD}, oldest first:\n" + "\n".join(history) + "\n"
     text += yaml.safe_dump(job.to_dict(), sort_keys=False)
     atomic_write(path, text, what="--out config.yaml")
 
@@ -267,10 +330,7 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
                 "--overwrite to move it aside and start fresh, or use a new --out"
             )
         if earlier:
-            aside = out_dir / f"{ASIDE_PREFIX}{_now().replace(':', '')}"
-            aside.mkdir()
-            for name in earlier:
-                os.replace(out_dir / name.rstrip("/"), aside / name.rstrip("/"))
+            aside = move_aside(out_dir, [name.rstrip("/") for name in earlier], f"--out {shown}")
             log(f"--overwrite: moved the earlier run ({', '.join(earlier)}) to {aside}")
             return f"fresh start (--overwrite: the earlier run is in {aside.name}/)"
         return "fresh start"

@@ -126,6 +126,11 @@ def test_stale_lock_rules(tmp_path):
     ]
     os.environ["TORCHELASTIC_RUN_ID"] = "job-7"
     try:
+        os.environ["TORCHELASTIC_RUN_ID"] = "none"  # torchrun's default --rdzv-id: not an identity
+        (tmp_path / LOCK_NAME).write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "run_id": "none"}))
+        with pytest.raises(ConfigError, match="in use by another run"):
+            RunLock(tmp_path).acquire()
+        os.environ["TORCHELASTIC_RUN_ID"] = "job-7"
         for holder, free in cases:
             (tmp_path / LOCK_NAME).write_text(json.dumps(holder))
             lock = RunLock(tmp_path)
@@ -139,3 +144,69 @@ def test_stale_lock_rules(tmp_path):
                     lock.acquire()
     finally:
         os.environ.pop("TORCHELASTIC_RUN_ID", None)
+
+
+def test_move_aside_never_reuses_a_directory(tmp_path):
+    """Two --overwrite in one second (or a replaced-<time>/ made by hand) each get their own
+    directory: the first raised FileExistsError (exit 1) before; nothing is ever merged."""
+    from train.rundir import move_aside
+
+    moved = []
+    for i in range(3):
+        (tmp_path / "metrics.jsonl").write_text(f"run {i}\n")
+        (tmp_path / "traces").mkdir()
+        (tmp_path / "traces" / "rank0.json").write_text(f"trace {i}\n")
+        moved.append(move_aside(tmp_path, ["metrics.jsonl", "traces", "absent"], "--out x"))
+    assert len(set(moved)) == 3 and all(p.name.startswith("replaced-") for p in moved)
+    assert [(p / "metrics.jsonl").read_text() for p in moved] == ["run 0\n", "run 1\n", "run 2\n"]
+    assert [(p / "traces" / "rank0.json").read_text() for p in moved] == ["trace 0\n", "trace 1\n", "trace 2\n"]
+
+
+def test_overwrite_moves_every_run_entry_and_refuses_a_live_nested_run(tmp_path):
+    """--overwrite moves traces/ too (a new trace replaced the earlier rank0.json), and never
+    moves a directory a live run writes in (it would pull it from under that run)."""
+    import fcntl
+
+    from train.config import load_config
+    from train.errors import RunDirBusy
+    from train.rundir import LOCK_NAME, RUN_FILES, prepare
+
+    assert "traces" in RUN_FILES
+    job = load_config("tiny", [])
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "rank0.json").write_text("earlier trace\n")
+    event = prepare(tmp_path, job, resuming=False, overwrite=True, allow_config_change=False, log=lambda m: None)
+    aside = next(p for p in tmp_path.iterdir() if p.name.startswith("replaced-"))
+    assert (aside / "traces" / "rank0.json").read_text() == "earlier trace\n" and aside.name in event
+
+    nested = tmp_path / "checkpoints" / "other"
+    nested.mkdir(parents=True)
+    fd = os.open(nested / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(RunDirBusy, match="holds a live run"):
+            prepare(tmp_path, job, resuming=False, overwrite=True, allow_config_change=False, log=lambda m: None)
+        assert (nested / LOCK_NAME).exists()
+    finally:
+        os.close(fd)
+
+
+def test_out_inside_another_runs_entries_is_refused(tmp_path):
+    """--out (any spelling, through links) inside another run's checkpoints/, traces/ or
+    replaced-*/ is refused; a sibling directory below the run is fine."""
+    from train.config import load_config
+    from train.errors import ConfigError
+    from train.preflight import check_out_dir
+    from train.rundir import write_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_config(run, load_config("tiny", []), "fresh start")
+    (tmp_path / "link").symlink_to(run / "checkpoints", target_is_directory=True)
+    for out in (run / "checkpoints" / "x", f"{run}//traces/", tmp_path / "link" / "y", run / "replaced-1" / "z"):
+        with pytest.raises(ConfigError, match="inside another run's"):
+            check_out_dir(str(out))
+    assert check_out_dir(str(run / "sub")) == run / "sub"
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "config.yaml").write_text("lr: 1\n")  # not a run's config.yaml
+    assert check_out_dir(str(tmp_path / "proj" / "checkpoints")) == tmp_path / "proj" / "checkpoints"

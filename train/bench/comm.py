@@ -253,6 +253,9 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
                            p2p_bytes, impl, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu)
     except ValueError as exc:
         fail(str(exc), 2)
+    from train.bench.report import claim_report
+
+    claim_report(out_dir, name)
     info = _init(args["backend"], emulate_link)
     meta = {"command": " ".join(["train", *sys.argv[1:]]), "backend": args["backend"], "world_size": info.world_size}
     if args["impls"]:

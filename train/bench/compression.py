@@ -22,7 +22,6 @@ import gc
 import logging
 import math
 import os
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -133,9 +132,12 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
                     out_dir, runs_dir, name, overrides) -> None:
     """Step time, bytes, exposed comm and loss for each gradient-communication scheme."""
     from train import preflight
-    from train.bench.report import check_report
+    from train.bench.report import check_report, claim_report
+    from train.rundir import RunLock
 
-    check_report(out_dir, name or "compression")
+    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
+    check_report(out_dir, name)
+    runs_dir = preflight.check_out_dir(runs_dir or out_dir / "compression_runs", "--runs-dir")
     specs = [v for v in variants.split(",") if v.strip()]
     try:
         for spec in specs:
@@ -152,6 +154,11 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     from train.comm.links import emulate_link as apply_link
 
     setup()
+    claim_report(out_dir, name)
+    lock = RunLock(runs_dir, label=f"--runs-dir {excerpt(str(runs_dir))}")
+    if int(os.environ.get("RANK") or "0") == 0:  # one bench at a time in a runs dir (rank 0 holds it)
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
     try:
         apply_link(emulate_link)
         info = tdist.init_distributed(jobs[0][1].train.device, jobs[0][1].train.timeout_s)
@@ -159,12 +166,11 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
         fail(str(exc), 1)
     periods = [j.comm.localsgd_period for _, j in jobs if j.comm.hook == "localsgd"] or [1]
     window = timing_window(steps, start_iter, math.lcm(*periods))
-    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
-    runs_dir = runs_dir or out_dir / "compression_runs"
     try:
         rows = _run_variants(jobs, info, runs_dir, window, loss_window, out_dir, name)
     finally:
         tdist.shutdown()
+        lock.release()
     if not info.is_main:
         return
     _relative_to_none(rows)
@@ -254,11 +260,14 @@ def _relative_to_none(rows: list[dict]) -> None:
 def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int) -> dict:
     from train import distributed as tdist
     from train.metrics import read_metrics
+    from train.rundir import move_aside
     from train.trainer import Trainer
 
     vdir = runs_dir / label.replace(" ", "_").replace("=", "").replace("%", "pct")
-    if info.is_main:
-        shutil.rmtree(vdir, ignore_errors=True)
+    if info.is_main:  # an earlier bench's run of this variant is kept, never deleted
+        if os.path.lexists(vdir):
+            log.info("[bench] %s: the earlier run moved to %s", label,
+                     move_aside(runs_dir, [vdir.name], f"--runs-dir {excerpt(str(runs_dir))}"))
         vdir.mkdir(parents=True)
     tdist.barrier(info)
     row: dict = {"variant": label}

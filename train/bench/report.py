@@ -4,9 +4,11 @@ check of a comma-separated option (``choice_list``) the commands share."""
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any, Sequence
@@ -65,10 +67,53 @@ def check_report(out_dir, name: str) -> Path:
         raise ConfigError(f"--name {excerpt(name)}: a report name is letters, digits, '.', '_' and '-' "
                           "(no path), at most 100 characters")
     out = check_out_dir(out_dir)
-    for suffix in (".json", ".md", ".png"):
+    for suffix in REPORT_SUFFIXES:
         if (out / f"{name}{suffix}").exists() or (out / f"{name}{suffix}").is_symlink():
             check_output_target(out / f"{name}{suffix}", "--out/--name")
     return out
+
+
+def claim_report(out_dir: Path, name: str) -> None:
+    """After the arguments are checked, before the work: the writer of the report (rank 0)
+    claims ``OUT/NAME.*`` for the life of the process (see :func:`_claim`)."""
+    if int(os.environ.get("RANK") or "0") == 0:
+        _claim(Path(out_dir), name)
+
+
+REPORT_SUFFIXES = (".json", ".md", ".png")
+_claims: dict[tuple[str, str], list] = {}  # (out, name) -> [RunLock, earlier report moved aside yet]
+
+
+def _claim(out: Path, name: str) -> list:
+    """One bench at a time writes ``OUT/NAME.*``: the writer (rank 0) holds
+    ``OUT/.NAME.report.lock`` until it exits; a second bench with the same --out/--name is
+    refused (one line, exit 2) instead of interleaving its files with the first's."""
+    from train.rundir import RunLock
+
+    key = (os.path.realpath(out), name)
+    if key not in _claims:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(out, f".{name}.report.lock", label=f"--out/--name {excerpt(str(out / name))}")
+        lock.acquire()
+        if not _claims:
+            atexit.register(lambda: [claim[0].release() for claim in _claims.values()])
+        _claims[key] = [lock, False]
+    return _claims[key]
+
+
+def _keep_earlier(out: Path, name: str) -> None:
+    """Before this bench's first report: an earlier bench's NAME.json/.md/.png move
+    together into ``OUT/replaced-<time>/`` (kept, never overwritten)."""
+    from train.rundir import move_aside
+
+    claim = _claim(out, name)
+    if claim[1]:
+        return
+    earlier = [f"{name}{suffix}" for suffix in REPORT_SUFFIXES if os.path.lexists(out / f"{name}{suffix}")]
+    if earlier:
+        aside = move_aside(out, earlier, f"--out/--name {excerpt(str(out / name))}")
+        log.info("the earlier report %s.* is kept in %s", name, aside)
+    claim[1] = True
 
 
 def write_report(out_dir: Path, name: str, rows: list[dict], columns: Sequence[str],
@@ -77,7 +122,7 @@ def write_report(out_dir: Path, name: str, rows: list[dict], columns: Sequence[s
 
     ``meta`` records how the numbers were made (command, GPU, versions)."""
     out_dir = check_report(out_dir, name)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _keep_earlier(out_dir, name)
     table = markdown_table(rows, columns)
     atomic_write(out_dir / f"{name}.json", json.dumps({"meta": meta or {}, "rows": rows}, indent=1), what="--out")
     header = "".join(f"- {k}: {v}\n" for k, v in (meta or {}).items())

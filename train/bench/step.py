@@ -371,7 +371,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
              timeout_s, out_dir, name) -> None:
     """Step throughput, MFU and memory over a grid of strategy x FP8 x AC x compile x model x batch."""
     from train import distributed as tdist
-    from train.bench.report import check_report, environment_meta, write_report
+    from train.bench.report import check_report, claim_report, environment_meta, write_report
 
     out_dir = check_report(out_dir, name)
     if steps < 1 or warmup < 0:
@@ -381,6 +381,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
     grids = load_plan(plan, defaults) if plan else [defaults]
     points = [p for g in grids for p in expand(g)]
 
+    claim_report(out_dir, name)
     setup()  # per-point progress on stderr
     info = tdist.init_distributed(device, timeout_s)
     rows, table = [], ""

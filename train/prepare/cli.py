@@ -53,6 +53,8 @@ def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, 
         fail(str(exc), 2)
     except ImportError as exc:
         fail(f"{exc.name or exc}: not installed (pip install 'hopper-train[data]')", 2)
+    except OSError as exc:  # a disk full, a directory removed meanwhile: one line, not a traceback
+        fail(f"--out {out}: {exc.strerror or exc.__class__.__name__} ({exc.filename or out})", 1)
     fresh = res.num_tokens if not res.done_before else None
     rate = f", {res.tokens_per_s:,.0f} tokens/s" if fresh and res.seconds else ""
     if res.merged:

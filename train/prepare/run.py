@@ -64,9 +64,25 @@ def prepare(inputs: list[str], out: Path, tokenizer: str, *, workers: int = 0, t
             split: str | None = None, shard: tuple[int, int] | None = None, eos: str | None = None,
             online: bool = False, keep_parts: bool = False, progress: bool = True) -> Result:
     """Tokenize ``inputs`` into ``out`` (+ ``out.json``); with ``shard=(i, n)`` only units
-    i, i+n, ... into ``out.parts/`` (no merge). Raises PrepareError naming a bad input."""
-    t0 = time.perf_counter()
+    i, i+n, ... into ``out.parts/`` (no merge). Raises PrepareError naming a bad input.
+
+    One preparation of OUT at a time (``.OUT.lock`` beside it; a shard: ``.OUT.shard-I-of-N.lock``):
+    a second one is refused, naming the first (RunDirBusy) - before, the first removed
+    OUT.parts/ under the second (a traceback), or a preparation of other inputs replaced
+    the token file the first had just finished."""
     _check_out(out)
+    from train.rundir import RunLock
+
+    lock_name = f".{out.name}.lock" if shard is None else f".{out.name}.shard-{shard[0]}-of-{shard[1]}.lock"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with RunLock(out.parent, lock_name, label=f"--out {excerpt(str(out))}"):
+        return _prepare(inputs, out, tokenizer, workers=workers, text_field=text_field, split=split, shard=shard,
+                        eos=eos, online=online, keep_parts=keep_parts, progress=progress)
+
+
+def _prepare(inputs: list[str], out: Path, tokenizer: str, *, workers, text_field, split, shard, eos, online,
+             keep_parts, progress) -> Result:
+    t0 = time.perf_counter()
     spec = load_tokenizer(tokenizer, online, eos)
     dtype = "uint16" if spec.vocab_size <= 65536 else "uint32"
     itemsize = np.dtype(dtype).itemsize
@@ -106,9 +122,19 @@ def prepare(inputs: list[str], out: Path, tokenizer: str, *, workers: int = 0, t
         "format": FORMAT, "dtype": dtype, "vocab_size": spec.vocab_size, "num_tokens": num_tokens,
         "documents": documents, "eos_id": spec.eos_id, "tokenizer": {"name": spec.name, "sha256": spec.sha256},
         "sources": sources, "text_field": text_field})
-    if not keep_parts:
+    if not keep_parts and not _shards_running(out):
         shutil.rmtree(parts, ignore_errors=True)
     return Result(out, num_tokens, documents, len(units), len(done), time.perf_counter() - t0, True)
+
+
+def _shards_running(out: Path) -> bool:
+    """A ``--shard`` preparation of OUT still writes into OUT.parts/: keep it."""
+    from train.rundir import lock_held
+
+    running = [p for p in out.parent.glob(f".{out.name}.shard-*.lock") if lock_held(p)]
+    if running:
+        log.info("%s.parts kept: a --shard preparation is still running (%s)", out, running[0].name)
+    return bool(running)
 
 
 def _check_out(out: Path) -> None:
