@@ -328,13 +328,12 @@ _PLAIN_NUMBER = re.compile(r"[-+]?(0|[1-9][0-9]*)|0x[0-9a-fA-F]+"
 
 
 def _check_number(node, what: str) -> None:
-    """A plain number is written the way it reads: ``steps: 010`` (8 to YAML 1.1, 10 to a
-    person), ``0b11``, ``1:30`` (90) or ``1_000`` is refused, naming the line."""
+    """A plain number is written the way it reads: ``steps: 010`` (8 to YAML 1.1, 10 to a person), ``0b11``,
+    ``1:30`` (90) or ``1_000`` is a syntax error naming the line (a ``--set`` value then stays the plain string)."""
     if node.style is None and node.tag in _NUMBER_TAGS and not _PLAIN_NUMBER.fullmatch(node.value):
-        # not YAML as a reader means it: a --set value then stays the plain string (10:12)
         raise YamlSyntaxError(f"{what}: {excerpt(node.value)} (line {node.start_mark.line + 1}) is not a plain decimal "
-                         "number (YAML 1.1 reads octal, binary, base-60 and underscores): write it in decimal, "
-                         "or quote it for a string")
+                              "number (YAML 1.1 reads octal, binary, base-60 and underscores): write it in decimal, "
+                              "or quote it for a string")
 
 
 def _check_keys(node, what: str) -> None:
