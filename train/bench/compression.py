@@ -161,10 +161,8 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     window = timing_window(steps, start_iter, math.lcm(*periods))
     name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
     runs_dir = runs_dir or out_dir / "compression_runs"
-    try:
+    with tdist.group_teardown():
         rows = _run_variants(jobs, info, runs_dir, window, loss_window, out_dir, name)
-    finally:
-        tdist.shutdown()
     if not info.is_main:
         return
     _relative_to_none(rows)
