@@ -85,14 +85,17 @@ def _entry(rank: int, fn, world_size: int, port: int, args) -> None:
     except BaseException:
         dist.destroy_process_group()
         raise
-    # Success: no rank leaves while a peer's collective is in flight (gloo's barrier waits
-    # for this rank's earlier work), then the process ends without interpreter finalization.
-    # Gloo's worker threads outlive destroy_process_group (other objects still hold the
-    # groups); one that drops a Python-owned tensor while the interpreter finalizes is
-    # killed mid-destructor: "terminate called without an active exception", SIGABRT, a
-    # test failed after its work passed (CI, 1 in several hundred spawns).
-    dist.barrier()
-    dist.destroy_process_group()
+    # Success: the commands' teardown (train.distributed.shutdown: a barrier, so no rank
+    # leaves while a peer's collective is in flight, then destroy_process_group with the
+    # group's C++ objects kept alive), then the process ends without interpreter
+    # finalization. Gloo's worker threads outlive destroy_process_group (other objects still
+    # hold the groups); one that drops a Python-owned tensor while the interpreter finalizes
+    # is killed mid-destructor: "terminate called without an active exception", SIGABRT, a
+    # test failed after its work passed (CI, 1 in several hundred spawns). Freed earlier,
+    # with the GIL held, the group deadlocks with that thread instead (torch 2.7.1).
+    from train import distributed as tdist
+
+    tdist.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

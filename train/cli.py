@@ -32,6 +32,21 @@ class GuardedGroup(click.Group):
         control characters escaped, instead of the Usage/Try/Error block."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        if args is not None:  # called from Python (click's CliRunner, a test): not the process's exit
+            return self._standalone(args, prog_name, complete_var, **extra)
+        try:
+            return self._standalone(args, prog_name, complete_var, **extra)
+        except SystemExit as exc:
+            if (tdist := _group_module()) is not None:
+                tdist.end_process(exc.code)
+            raise
+        except BaseException as exc:  # a bug (traceback) or ^C
+            if (tdist := _group_module()) is not None:
+                sys.excepthook(type(exc), exc, exc.__traceback__)
+                tdist.end_process(130 if isinstance(exc, KeyboardInterrupt) else 1)
+            raise
+
+    def _standalone(self, args, prog_name, complete_var, **extra):
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
@@ -55,6 +70,13 @@ class GuardedGroup(click.Group):
                 raise
             fail(f"input is not valid UTF-8 ({exc.reason} at byte {exc.start})", 2)
 
+
+
+def _group_module():
+    """train.distributed when this process used a process group (then the process ends through
+    its ``end_process``: no interpreter finalization while gloo's threads live), else None."""
+    tdist = sys.modules.get("train.distributed")  # never imported: no process group was made
+    return tdist if tdist is not None and tdist.group_used() else None
 
 
 @click.group(cls=GuardedGroup, context_settings={"help_option_names": ["-h", "--help"]})

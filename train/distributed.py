@@ -10,6 +10,10 @@ the failure paths of collectives: timeouts and dead peers.
   itself and logs the op type and sequence number; with the flight recorder enabled
   (``TORCH_FR_BUFFER_SIZE``) it also dumps the last collectives of every rank.
 
+* ``shutdown(ok)`` / ``group_teardown()`` end a process's use of the group without hanging,
+  and ``end_process(code)`` (called by the ``train`` command line) ends a process that used
+  one without interpreter finalization: see "teardown" below.
+
 SIGTERM/SIGINT handling (graceful stop) lives in :mod:`train.preemption`.
 """
 
@@ -20,8 +24,10 @@ import datetime
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -165,11 +171,6 @@ def _init_failure(exc: BaseException, hazard: str | None, restart: int) -> Excep
     return CollectiveError(f"process group init failed on rank {rank} ({type(exc).__name__}: {detail})")
 
 
-def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def barrier(info: DistInfo) -> None:
     if info.backend is not None:
         if info.device.type == "cuda":
@@ -263,3 +264,108 @@ def first_error(info: DistInfo, err: str | None) -> str | None:
     errors: list[str | None] = [None] * info.world_size
     dist.all_gather_object(errors, err)
     return next((e for e in errors if e is not None), "another rank failed")
+
+
+# ----------------------------------------------------------------------------- teardown
+# Freeing a gloo group joins its worker threads, and the C++ destructor runs with the GIL
+# held: torch 2.7 frees the Python ProcessGroup that way (pytorch#154976, in later torch,
+# releases the GIL there), and DDP's reducer or another C++ holder can do the same on any
+# version (Trainer.release). A worker that has just finished a collective whose tensor
+# Python already dropped (that tensor's PyObject then belongs to the C++ tensor: e.g. the
+# small all_reduce(MAX) of a helper that has returned) needs the GIL to free it, so
+# ~ProcessGroupGloo waits in std::thread::join for the worker and the worker in
+# gil_scoped_acquire (~AsyncAllreduceWork -> ~TensorImpl -> decref) for the GIL. Torch
+# 2.7.1, `train bench comm` under torchrun: a rank left in destroy_process_group in 5 of 15
+# runs (--impl: 4 of 10). A barrier only narrows that window (a worker marks its work done
+# before it frees it) and no rank can see its workers go idle, so shutdown() keeps every
+# group's objects alive (_kept) and the process ends with os._exit after what a normal exit
+# does (end_process, called by the `train` command line): a group is never freed in a
+# process that used it. Freed at interpreter finalization instead, such a worker is killed
+# mid-destructor (SIGABRT, tests/testlib.py's spawn).
+
+TEARDOWN_BARRIER_S = 60.0
+_kept: list = []  # every process group shutdown() took out of use: never destroyed here
+
+
+def shutdown(ok: bool = True, barrier_s: float = TEARDOWN_BARRIER_S) -> None:
+    """End this process's use of the process group, on every exit path, without hanging.
+
+    ``ok`` (the work succeeded on this rank): a barrier bounded by ``barrier_s``, so that no
+    rank leaves while a peer's last collective still needs it, then ``destroy_process_group``.
+    A peer that is gone or late costs a warning (and no destroy), not a hang. ``ok=False``
+    (an error path): neither; a dead peer would hold the barrier until the group's timeout,
+    and a broken NCCL group can block in its shutdown. Either way the groups' objects stay
+    alive until the process ends (see above): call :func:`end_process` to end it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    _kept.extend(pg for pg in _all_groups() if not any(pg is k for k in _kept))
+    if ok and _bounded_barrier(barrier_s):
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def group_teardown(barrier_s: float = TEARDOWN_BARRIER_S):
+    """``with group_teardown(): <collectives>``: :func:`shutdown` when the block ends, with
+    ``ok`` only when it raised nothing (SystemExit included: an error path)."""
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        shutdown(ok, barrier_s)
+
+
+def _all_groups() -> list:
+    world = getattr(dist.distributed_c10d, "_world", None)
+    groups = list(getattr(world, "pg_map", None) or {})
+    default = dist.group.WORLD
+    return groups if any(pg is default for pg in groups) or default is None else [default, *groups]
+
+
+def _bounded_barrier(seconds: float) -> bool:
+    """A barrier that waits at most ``seconds``; False (and a warning) when it failed."""
+    try:
+        nccl = dist.get_backend() == "nccl"
+        work = dist.barrier(async_op=True, device_ids=[torch.cuda.current_device()] if nccl else None)
+        work.wait(timeout=datetime.timedelta(seconds=seconds))
+        return True
+    except Exception as exc:  # noqa: BLE001 - the work is done; the teardown goes on
+        detail = " ".join(str(exc).split())[:200]
+        log.warning("rank %s: teardown barrier failed (%s: %s): another rank has left or is late; "
+                    "exiting without waiting for it", os.environ.get("RANK", "?"), type(exc).__name__, detail)
+        return False
+
+
+def group_used() -> bool:
+    """Whether a process group lives in this process (kept by :func:`shutdown`, or still
+    initialized after an error path): then it should end through :func:`end_process`."""
+    return bool(_kept) or (dist.is_available() and dist.is_initialized())
+
+
+def end_process(code=0) -> NoReturn:
+    """End the process as ``sys.exit(code)`` would (``code``: an int, None or a message),
+    without the interpreter finalization that would free process groups while gloo's
+    threads live: first what a normal exit does - wait for non-daemon threads, run the
+    ``atexit`` handlers (logging's flush, ...), flush stdout/stderr - then ``os._exit``."""
+    import atexit
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    for step in (getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)):
+        if step is not None:
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - as at a normal exit: reported, the exit goes on
+                log.exception("at exit")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(status)

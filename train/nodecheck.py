@@ -271,19 +271,18 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
         fail("train preflight checks several processes: run it under torchrun", 2)
     import torch.distributed as dist
 
-    try:
-        result = measure(info, size, iters)
-        v = None
-        if info.is_main:  # report first: once the verdict is out, the other nodes exit and a
-            # launcher (srun --kill-on-bad-exit, torchrun) may stop this process at once
-            v = verdict(result, expect_busbw, min_fraction)
-            _report(result, v, time.perf_counter() - t0, json_path)
-        box = [v]
-        dist.broadcast_object_list(box, src=0)
-        v = box[0]
-    except Exception as exc:  # noqa: BLE001 - a dead peer or timeout: this node names itself
-        fail(f"preflight: FAIL (broken node: {socket.gethostname()} or a peer): {type(exc).__name__}: "
-             f"{' '.join(str(exc).split())[:300]}", EXIT_BROKEN)
-    finally:
-        tdist.shutdown()
+    with tdist.group_teardown():
+        try:
+            result = measure(info, size, iters)
+            v = None
+            if info.is_main:  # report first: once the verdict is out, the other nodes exit and a
+                # launcher (srun --kill-on-bad-exit, torchrun) may stop this process at once
+                v = verdict(result, expect_busbw, min_fraction)
+                _report(result, v, time.perf_counter() - t0, json_path)
+            box = [v]
+            dist.broadcast_object_list(box, src=0)
+            v = box[0]
+        except Exception as exc:  # noqa: BLE001 - a dead peer or timeout: this node names itself
+            fail(f"preflight: FAIL (broken node: {socket.gethostname()} or a peer): {type(exc).__name__}: "
+                 f"{' '.join(str(exc).split())[:300]}", EXIT_BROKEN)
     sys.exit(v["code"])

@@ -420,19 +420,20 @@ def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
     first step (``train run`` records the start/resume in config.yaml there)."""
     console.setup(stdout=PROGRESS_LOGGERS)  # progress lines on stdout, once per process
     info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder")
-    trainer, tear_down = None, True
+    trainer, ok = None, False
     try:
         trainer = Trainer(job, info, out_dir, resume=resume)
         if on_start is not None:
             on_start()
         trainer._log(trainer.describe())
-        return trainer.fit()
+        summary = trainer.fit()
+        ok = True
+        return summary
     except Exception as exc:
         # A timed-out collective or a dead peer: one line naming the op, rank and step.
         at = trainer.at_step if trainer else "startup"
         failure = tdist.collective_failure(exc, info, job.train.timeout_s, at)
         if failure is not None:
-            tear_down = False  # the group is broken: destroying it could block; exiting frees it
             raise failure from None
         oom = _out_of_memory(exc, job, info, at)
         if oom is not None:
@@ -443,5 +444,4 @@ def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
             trainer.release()
         trainer = None
         gc.collect()
-        if tear_down:
-            tdist.shutdown()
+        tdist.shutdown(ok)  # an error path neither waits at a barrier nor destroys the group

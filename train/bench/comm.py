@@ -261,13 +261,11 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     if args["impls"]:
         _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta)
         return
-    try:
+    from train import distributed as tdist
+
+    with tdist.group_teardown():
         rows, p2p_rows, ref = _run(info, args["ops"], args["dtypes"], args["sizes"], warmup, iters, max_seconds,
                                    args["p2p_bytes"] if p2p else 0, raw)
-    finally:
-        from train import distributed as tdist
-
-        tdist.shutdown()
     if info.is_main:
         _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name)
         if args["recommend"]:
@@ -329,11 +327,9 @@ def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> Non
     from train.bench.report import environment_meta
 
     clock = _Clock(info.device)
-    try:
+    with tdist.group_teardown():
         rows = latency_rows(info, args["impls"], args["sizes"], DTYPES[args["dtypes"][0]],
                             lambda fn: measure(clock, fn, warmup, iters, max_seconds)[0], human)
-    finally:
-        tdist.shutdown()
     if info.is_main:
         meta = {**environment_meta(), **meta, "timing": "median of per-iteration CUDA events, slowest rank"}
         write_latency(rows, args["impls"], args["dtypes"][0], out_dir, name, meta)

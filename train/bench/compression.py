@@ -167,9 +167,9 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     periods = [j.comm.localsgd_period for _, j in jobs if j.comm.hook == "localsgd"] or [1]
     window = timing_window(steps, start_iter, math.lcm(*periods))
     try:
-        rows = _run_variants(jobs, info, runs_dir, window, loss_window, out_dir, name)
+        with tdist.group_teardown():
+            rows = _run_variants(jobs, info, runs_dir, window, loss_window, out_dir, name)
     finally:
-        tdist.shutdown()
         lock.release()
     if not info.is_main:
         return

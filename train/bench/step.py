@@ -388,6 +388,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
     meta = environment_meta() if info.is_main else {}
     meta.update(command=" ".join(["train bench step", *sys.argv[3:]]), world_size=info.world_size,
                 device=info.device.type)
+    ok = False
     try:
         for i, point in enumerate(points):
             row = run_point(point, info)
@@ -402,9 +403,10 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
         if info.is_main:
             click.echo(table)
             click.echo(f"\nreport: {out_dir / (name + '.json')}, .md, .png")
+        ok = True
     finally:
         from train.parallel.mesh import forget_meshes
 
         forget_meshes()
         gc.collect()
-        tdist.shutdown()
+        tdist.shutdown(ok)
