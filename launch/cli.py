@@ -204,7 +204,14 @@ def slurm_cmd(**options):
     options, extra = _job_keys(options, SLURM_KEYS)
     opts = slurm.SlurmOptions.parse(**extra)
     options["image_syntax"] = "enroot" if opts.pyxis else "oci"
-    _emit(slurm.render_job(_prepare(options), opts), options, executable=True)
+    job = _prepare(options)
+    if opts.pyxis:
+        from launch.commandline import out_warnings
+
+        for message in out_warnings(job.spec, "slurm --pyxis", tuple(m.target for m in job.spec.mounts
+                                                                      if not m.read_only)):
+            _warn(message)
+    _emit(slurm.render_job(job, opts), options, executable=True)
 
 
 K8S_KEYS = ("namespace", "pvc", "shm_size", "rdma_resource", "queue", "gang", "image_pull_secret",
@@ -257,7 +264,9 @@ def _k8s_prepare(options: dict):
     job = _prepare(options)
     if job.spec.mounts:
         _warn("k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead")
-    for message in k8s_options.secret_warnings(job.spec):
+    from launch.commandline import out_warnings
+
+    for message in k8s_options.secret_warnings(job.spec) + out_warnings(job.spec, "k8s"):
         _warn(message)
     return options, job, opts
 

@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 from launch.spec import JobSpec
 
 PYTHONS = ("python", "python3")
+TRAIN_PROGRAMS = (("-m", "train", "run"), ("--no-python", "train", "run"))
 
 
 def program_args(entrypoint: tuple[str, ...]) -> list[str]:
@@ -51,9 +52,53 @@ def launcher_args(spec: JobSpec, endpoint: str, rdzv_id: str) -> list[str]:
     return args
 
 
-def training_args(spec: JobSpec) -> list[str]:
-    """Everything after the torchrun options: the program and the pass-through arguments."""
-    return program_args(spec.entrypoint) + list(spec.train_args)
+def training_args(spec: JobSpec, container: bool = False) -> list[str]:
+    """Everything after the torchrun options: the program and the pass-through arguments.
+
+    ``container``: the program runs in a container whose own file system goes with it
+    (docker/podman ``--rm``, a Kubernetes pod, a pyxis/enroot job step): ``train run`` without
+    ``--out`` gets :func:`container_out_dir`, on the mounted checkpoint volume; otherwise its
+    run directory (checkpoints included) would be deleted with the container, and on several
+    nodes each node's checkpoint shards would sit in a different container."""
+    program = program_args(spec.entrypoint)
+    if container and runs_train(spec) and out_arg(spec.train_args) is None:
+        return [*program, "--out", container_out_dir(spec), *spec.train_args]
+    return program + list(spec.train_args)
+
+
+def runs_train(spec: JobSpec) -> bool:
+    return tuple(program_args(spec.entrypoint)) in TRAIN_PROGRAMS
+
+
+def out_arg(args: tuple[str, ...]) -> str | None:
+    """The value of the last ``--out`` among the training arguments, None without one."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == "--out" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--out="):
+            value = arg[len("--out="):]
+    return value
+
+
+def container_out_dir(spec: JobSpec) -> str:
+    """``train run --out`` in a container: the job's directory on the checkpoint volume."""
+    return f"{spec.checkpoint_dir.rstrip('/')}/{spec.name}"
+
+
+def out_warnings(spec: JobSpec, backend: str, writable: tuple[str, ...] | None = None) -> list[str]:
+    """A ``--out`` given to ``train run`` in a container that is neither under the checkpoint
+    directory nor under one of the ``writable`` mount targets (None: the backend has no
+    ``--mount``): deleted with the container."""
+    out = out_arg(spec.train_args) if runs_train(spec) else None
+    if out is None:
+        return []
+    kept = [spec.checkpoint_dir, *(writable or ())]
+    path = out.rstrip("/") or "/"
+    if any(path == k.rstrip("/") or path.startswith(k.rstrip("/") + "/") for k in kept):
+        return []
+    where = "--checkpoint-dir " + spec.checkpoint_dir + (" or a writable --mount" if writable is not None else "")
+    return [f"{backend}: --out {out} is not under {where}: it is inside the container and deleted with it"]
 
 
 PREFLIGHT_PORT_OFFSET = 1  # the preflight's rendezvous: same host as the training's, port + 1

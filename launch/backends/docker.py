@@ -12,8 +12,8 @@ from launch.backends.shell import (
     preflight_context,
     torchrun_groups,
 )
-from launch.commandline import program_args
-from launch.render import group_args, render
+from launch.commandline import out_warnings
+from launch.render import render
 from launch.spec import JobSpec
 
 DOCKER_BASE_FLAGS = (
@@ -21,7 +21,6 @@ DOCKER_BASE_FLAGS = (
     ("--ipc=host", "worker processes share memory through /dev/shm (NGC requirement)"),
     ("--ulimit=stack=67108864", "64 MiB stack, as NGC PyTorch containers require"),
 )
-TRAIN_PROGRAMS = (("-m", "train", "run"), ("--no-python", "train", "run"))
 
 
 @dataclass(frozen=True)
@@ -58,44 +57,13 @@ def docker_flags(spec: JobSpec) -> list[tuple[str, str]]:
     return flags
 
 
-def _train_program(spec: JobSpec) -> bool:
-    return tuple(program_args(spec.entrypoint)) in TRAIN_PROGRAMS
-
-
-def _out_arg(args: tuple[str, ...]) -> str | None:
-    value = None
-    for i, arg in enumerate(args):
-        if arg == "--out" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--out="):
-            value = arg[len("--out="):]
-    return value
-
-
-def docker_out_dir(spec: JobSpec) -> str:
-    """`train run --out` for a container: under the checkpoint volume (the container's
-    own /workspace is deleted with it by --rm)."""
-    return f"{spec.checkpoint_dir.rstrip('/')}/{spec.name}"
-
-
 def docker_warnings(spec: JobSpec) -> list[str]:
-    out = _out_arg(spec.train_args) if _train_program(spec) else None
-    if out is None:
-        return []
-    kept = [spec.checkpoint_dir] + [m.target for m in spec.mounts if not m.read_only]
-    path = out.rstrip("/") or "/"
-    if not any(path == k.rstrip("/") or path.startswith(k.rstrip("/") + "/") for k in kept):
-        return [(f"docker: --out {out} is not under --checkpoint-dir {spec.checkpoint_dir} or a writable "
-                 "--mount: it is inside the container and deleted with it (--rm)")]
-    return []
+    return out_warnings(spec, "docker", tuple(m.target for m in spec.mounts if not m.read_only))
 
 
 def render_job(job: Job, opts: DockerOptions = DockerOptions()) -> str:
     spec = job.spec
-    ctx = common_context(job)
-    if _train_program(spec) and _out_arg(spec.train_args) is None:
-        program = program_args(spec.entrypoint)
-        ctx["train_groups"] = group_args([*program, "--out", docker_out_dir(spec), *spec.train_args])
+    ctx = common_context(job, container=True)
     ctx.update(
         image=spec.image,
         job_name=spec.name,

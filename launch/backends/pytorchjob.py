@@ -56,7 +56,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         labels={"app.kubernetes.io/name": spec.name, "app.kubernetes.io/component": "trainer"},
         container=CONTAINER_NAME,
         image=spec.image,
-        args=tuple(training_args(spec)),
+        args=tuple(training_args(spec, container=True)),
         preflight=preflight_script(spec),
         port=Port(PORT_NAME, spec.rdzv.port),
         secret_env=opts.secret_env,

@@ -31,7 +31,9 @@ def parse_venv(value: str | None) -> str | None:
     return value.rstrip("/") or "/"
 
 
-def common_context(job: Job) -> dict:
+def common_context(job: Job, container: bool = False) -> dict:
+    """What every shell template needs; ``container``: the training runs in a container
+    (:func:`launch.commandline.training_args`)."""
     spec = job.spec
     return {
         "header": header_lines(job.command, spec),
@@ -41,7 +43,7 @@ def common_context(job: Job) -> dict:
         "multi_node": spec.nodes.multi_node,
         "elastic": spec.nodes.elastic,
         "endpoint": f"{spec.rdzv.host}:{spec.rdzv.port}" if spec.rdzv.host else None,
-        "train_groups": group_args(training_args(spec)),
+        "train_groups": group_args(training_args(spec, container)),
     }
 
 

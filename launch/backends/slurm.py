@@ -152,7 +152,7 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
 
 def render_job(job: Job, opts: SlurmOptions = SlurmOptions()) -> str:
     spec = job.spec
-    ctx = common_context(job)
+    ctx = common_context(job, container=opts.pyxis)
     ctx.update(
         directives=slurm_directives(spec, opts),
         venv=opts.venv,

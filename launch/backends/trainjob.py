@@ -74,7 +74,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
                "`launch k8s-runtime` and the same options")
     trainjob = TrainJobSpec(
         image=spec.image,
-        args=tuple(training_args(spec)),
+        args=tuple(training_args(spec, container=True)),
         num_nodes=spec.nodes.max,
         nproc=spec.nproc_per_node,
         env=spec.env,

@@ -237,7 +237,8 @@ def test_hostile_values_survive_yaml_and_kubernetes_expansion(tmp_path, api):
     else:
         args, env_items = docs[0]["spec"]["trainer"]["args"], docs[0]["spec"]["trainer"]["env"]
         static_env = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert [expand(a) for a in args] == ["-m", "train", "run", *values]
+    # train run without --out: the job's directory on the checkpoint volume (hostile too)
+    assert [expand(a) for a in args] == ["-m", "train", "run", "--out", "/ck pt/$(HOME)/'q\"/train", *values]
     env = {e["name"]: expand(e["value"]) for e in env_items if "value" in e}
     for i, value in enumerate(values):
         assert env[f"HOSTILE_{i}"] == value
