@@ -176,10 +176,11 @@ def docker_cmd(**options):
     LAUNCH_ENGINE_FLAGS to the engine; see docs/launch.md.
     """
     from launch.backends import docker
+    from launch.commandline import out_warnings
 
     options, extra = _job_keys(options, ("cpu",))
     job = _prepare(options)
-    for message in docker.docker_warnings(job.spec):
+    for message in out_warnings(job.spec, "docker"):
         _warn(message)
     _emit(docker.render_job(job, docker.DockerOptions(cpu=extra["cpu"])), options, executable=True)
 
@@ -200,17 +201,14 @@ SLURM_KEYS = ("partition", "account", "time", "pyxis", "gpu_gres", "venv")
 def slurm_cmd(**options):
     """sbatch script: one task per node running torchrun, rendezvous on the first node."""
     from launch.backends import slurm
+    from launch.commandline import out_warnings
 
     options, extra = _job_keys(options, SLURM_KEYS)
     opts = slurm.SlurmOptions.parse(**extra)
     options["image_syntax"] = "enroot" if opts.pyxis else "oci"
     job = _prepare(options)
-    if opts.pyxis:
-        from launch.commandline import out_warnings
-
-        for message in out_warnings(job.spec, "slurm --pyxis", tuple(m.target for m in job.spec.mounts
-                                                                      if not m.read_only)):
-            _warn(message)
+    for message in out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else []:
+        _warn(message)
     _emit(slurm.render_job(job, opts), options, executable=True)
 
 
@@ -266,7 +264,7 @@ def _k8s_prepare(options: dict):
         _warn("k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead")
     from launch.commandline import out_warnings
 
-    for message in k8s_options.secret_warnings(job.spec) + out_warnings(job.spec, "k8s"):
+    for message in k8s_options.secret_warnings(job.spec) + out_warnings(job.spec, "k8s", mounts=False):
         _warn(message)
     return options, job, opts
 

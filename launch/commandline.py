@@ -86,18 +86,19 @@ def container_out_dir(spec: JobSpec) -> str:
     return f"{spec.checkpoint_dir.rstrip('/')}/{spec.name}"
 
 
-def out_warnings(spec: JobSpec, backend: str, writable: tuple[str, ...] | None = None) -> list[str]:
+def out_warnings(spec: JobSpec, backend: str, mounts: bool = True) -> list[str]:
     """A ``--out`` given to ``train run`` in a container that is neither under the checkpoint
-    directory nor under one of the ``writable`` mount targets (None: the backend has no
-    ``--mount``): deleted with the container."""
+    directory nor under a writable ``--mount`` target (``mounts``: the backend renders the
+    mounts; Kubernetes does not): deleted with the container."""
     out = out_arg(spec.train_args) if runs_train(spec) else None
     if out is None:
         return []
-    kept = [spec.checkpoint_dir, *(writable or ())]
+    writable = [m.target for m in spec.mounts if not m.read_only] if mounts else []
+    kept = [spec.checkpoint_dir, *writable]
     path = out.rstrip("/") or "/"
     if any(path == k.rstrip("/") or path.startswith(k.rstrip("/") + "/") for k in kept):
         return []
-    where = "--checkpoint-dir " + spec.checkpoint_dir + (" or a writable --mount" if writable is not None else "")
+    where = "--checkpoint-dir " + spec.checkpoint_dir + (" or a writable --mount" if mounts else "")
     return [f"{backend}: --out {out} is not under {where}: it is inside the container and deleted with it"]
 
 

@@ -55,10 +55,7 @@ def check_out_dir(out, what: str = "--out") -> Path:
     if reserved_local_path(text):
         raise ConfigError(f"{what} {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
                           "be a run directory")
-    inside = inside_other_run(text)
-    if inside:
-        raise ConfigError(f"{what} {excerpt(text)}: inside another run's {excerpt(inside)} (its own files); "
-                          "use a directory of its own")
+    check_not_in_other_run(f"{what} {excerpt(text)}", text)
     return check_dir(what, text)
 
 
@@ -71,6 +68,13 @@ def _is_run_dir(path: Path) -> bool:
             return fh.read(len(HISTORY_HEAD)) == HISTORY_HEAD.encode()
     except OSError:
         return False
+
+
+def check_not_in_other_run(shown: str, path: str) -> None:
+    """Refuse ``path`` (named ``shown`` in the message) inside another run's own entries."""
+    inside = inside_other_run(path)
+    if inside:
+        raise ConfigError(f"{shown}: inside another run's {excerpt(inside)} (its own files); use a place of its own")
 
 
 def inside_other_run(path: str) -> str | None:
@@ -183,9 +187,7 @@ def check_data(job: JobConfig) -> None:
     """A token file (data.source=file) is opened and checked now: a bad file is a usage
     error before any directory, lock or process group exists."""
     if job.data.source == "embedded" and job.data.cache_dir:
-        inside = inside_other_run(job.data.cache_dir)
-        if inside:
-            raise ConfigError(f"data.cache_dir {excerpt(job.data.cache_dir)}: inside another run's {excerpt(inside)}")
+        check_not_in_other_run(f"data.cache_dir {excerpt(job.data.cache_dir)}", job.data.cache_dir)
         check_dir("data.cache_dir", job.data.cache_dir)
     if job.data.source != "file":
         return
@@ -216,9 +218,7 @@ def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     top = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir)).split(os.sep)[0]
     if top in RUN_OWNED or top.startswith(ASIDE_PREFIX):
         raise ConfigError(f"{shown}: inside the run's own {top}")
-    inside = inside_other_run(str(path))
-    if inside:
-        raise ConfigError(f"{shown}: inside another run's {excerpt(inside)}")
+    check_not_in_other_run(shown, str(path))
     if reserved_local_path(path):
         raise ConfigError(f"{shown}: inside a system directory")
     check_dir("metrics.prometheus_file", str(path.parent))

@@ -12,7 +12,6 @@ from launch.backends.shell import (
     preflight_context,
     torchrun_groups,
 )
-from launch.commandline import out_warnings
 from launch.render import render
 from launch.spec import JobSpec
 
@@ -55,10 +54,6 @@ def docker_flags(spec: JobSpec) -> list[tuple[str, str]]:
         )
     )
     return flags
-
-
-def docker_warnings(spec: JobSpec) -> list[str]:
-    return out_warnings(spec, "docker", tuple(m.target for m in spec.mounts if not m.read_only))
 
 
 def render_job(job: Job, opts: DockerOptions = DockerOptions()) -> str:
