@@ -420,28 +420,26 @@ def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
     first step (``train run`` records the start/resume in config.yaml there)."""
     console.setup(stdout=PROGRESS_LOGGERS)  # progress lines on stdout, once per process
     info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder")
-    trainer, ok = None, False
-    try:
-        trainer = Trainer(job, info, out_dir, resume=resume)
-        if on_start is not None:
-            on_start()
-        trainer._log(trainer.describe())
-        summary = trainer.fit()
-        ok = True
-        return summary
-    except Exception as exc:
-        # A timed-out collective or a dead peer: one line naming the op, rank and step.
-        at = trainer.at_step if trainer else "startup"
-        failure = tdist.collective_failure(exc, info, job.train.timeout_s, at)
-        if failure is not None:
-            raise failure from None
-        oom = _out_of_memory(exc, job, info, at)
-        if oom is not None:
-            raise oom from None
-        raise
-    finally:
-        if trainer is not None:
-            trainer.release()
-        trainer = None
-        gc.collect()
-        tdist.shutdown(ok)  # an error path neither waits at a barrier nor destroys the group
+    trainer = None
+    with tdist.group_teardown():  # an error path neither waits at a barrier nor destroys the group
+        try:
+            trainer = Trainer(job, info, out_dir, resume=resume)
+            if on_start is not None:
+                on_start()
+            trainer._log(trainer.describe())
+            return trainer.fit()
+        except Exception as exc:
+            # A timed-out collective or a dead peer: one line naming the op, rank and step.
+            at = trainer.at_step if trainer else "startup"
+            failure = tdist.collective_failure(exc, info, job.train.timeout_s, at)
+            if failure is not None:
+                raise failure from None
+            oom = _out_of_memory(exc, job, info, at)
+            if oom is not None:
+                raise oom from None
+            raise
+        finally:
+            if trainer is not None:
+                trainer.release()
+            trainer = None
+            gc.collect()

@@ -371,7 +371,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
              timeout_s, out_dir, name) -> None:
     """Step throughput, MFU and memory over a grid of strategy x FP8 x AC x compile x model x batch."""
     from train import distributed as tdist
-    from train.bench.report import check_report, claim_report, environment_meta, write_report
+    from train.bench.report import check_report, claim_report, environment_meta
 
     out_dir = check_report(out_dir, name)
     if steps < 1 or warmup < 0:
@@ -384,29 +384,35 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
     claim_report(out_dir, name)
     setup()  # per-point progress on stderr
     info = tdist.init_distributed(device, timeout_s)
-    rows, table = [], ""
     meta = environment_meta() if info.is_main else {}
     meta.update(command=" ".join(["train bench step", *sys.argv[3:]]), world_size=info.world_size,
                 device=info.device.type)
-    ok = False
-    try:
-        for i, point in enumerate(points):
-            row = run_point(point, info)
-            rows.append(row)
+    with tdist.group_teardown():
+        try:
+            table = _run_points(points, info, out_dir, name, meta)
             if info.is_main:
-                extra = ""
-                if row.get("status") == "ok":
-                    extra = f" {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, step {row['step_ms']:.1f} ms"
-                log.info("[bench step] %d/%d %s: %s%s", i + 1, len(points), _label(row), row["status"], extra)
-                # Rewritten after every point: a launch cut short keeps what it measured.
-                table = write_report(out_dir, name, rows, COLUMNS, meta=meta, chart=_chart)
-        if info.is_main:
-            click.echo(table)
-            click.echo(f"\nreport: {out_dir / (name + '.json')}, .md, .png")
-        ok = True
-    finally:
-        from train.parallel.mesh import forget_meshes
+                click.echo(table)
+                click.echo(f"\nreport: {out_dir / (name + '.json')}, .md, .png")
+        finally:
+            from train.parallel.mesh import forget_meshes
 
-        forget_meshes()
-        gc.collect()
-        tdist.shutdown(ok)
+            forget_meshes()
+            gc.collect()
+
+
+def _run_points(points: list[dict], info, out_dir: Path, name: str, meta: dict) -> str:
+    """Every point in turn; the report (rank 0) is rewritten after each, so a launch cut short
+    keeps what it measured. Returns the Markdown table."""
+    from train.bench.report import write_report
+
+    rows, table = [], ""
+    for i, point in enumerate(points):
+        row = run_point(point, info)
+        rows.append(row)
+        if info.is_main:
+            extra = ""
+            if row.get("status") == "ok":
+                extra = f" {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, step {row['step_ms']:.1f} ms"
+            log.info("[bench step] %d/%d %s: %s%s", i + 1, len(points), _label(row), row["status"], extra)
+            table = write_report(out_dir, name, rows, COLUMNS, meta=meta, chart=_chart)
+    return table
