@@ -34,6 +34,7 @@ from torch import fx, nn
 from train.paths import default_cache_dir
 
 _NARROW = (torch.bfloat16, torch.float16)
+_CAST_PASS_UUID = "hopper-train.recompute_param_casts.v1"  # Inductor's FX graph cache key of the pass
 log = logging.getLogger(__name__)
 
 
@@ -109,11 +110,11 @@ def _install_cast_pass(enabled: bool) -> None:
         def __call__(self, graph: fx.Graph) -> None:
             tag_param_casts(graph)
 
-        def uuid(self) -> str:  # Inductor's FX graph cache key
-            return "hopper-train.recompute_param_casts.v1"
+        def uuid(self) -> str:
+            return _CAST_PASS_UUID
 
     current = inductor_config.joint_custom_post_pass
-    if current is not None and getattr(current, "uuid", lambda: None)() != RecomputeParamCasts().uuid():
+    if current is not None and getattr(current, "uuid", lambda: None)() != _CAST_PASS_UUID:
         log.warning("parallel.recompute_param_casts: Inductor's joint_custom_post_pass is already set (%r); "
                     "parameter casts are saved for backward", current)
         return
