@@ -50,7 +50,7 @@
 #                                           the chunked loss and budget 0.999; the peak of a 1b bf16 step (ours).
 #   PART=final3 bash scripts/gpu/perf.sh   2xH200, ~6 min: 8b bf16 (ac_skip_last 8/9/10) and FP8 (11/12), 1b FSDP2
 #                                           (default, budget 0.99, budget 0.99 + reshard never); torchtitan.
-#   PART=recast bash scripts/gpu/perf.sh   2 GPUs, ~6 min: 1b bf16 (recompute_param_casts on, off) and FP8 (chunked
+#   PART=recast bash scripts/gpu/perf.sh   2 GPUs, ~8 min: 1b bf16 (recompute_param_casts on, off, on + chunked loss) and FP8 (chunked
 #                                           loss) on GPU 1, torchtitan on GPU 0 at the same time. PART=recast2: then
 #                                           1b FSDP2 on 2 GPUs, both sides (~4 min more).
 #   PART=skip8b bash scripts/gpu/perf.sh   2xH200, ~10 min: 8b bf16 and FP8, parallel.ac_skip_last 8/11/14 (one

@@ -107,6 +107,7 @@ part_recast() {
   # one launch each: a fresh Inductor cache per launch, so that no variant reuses another's graphs
   (ours 1 1 1b_bf16_recast 110 "${c[@]}" --fp8 none --set parallel.recompute_param_casts=true
    ours 1 1 1b_bf16_norecast 110 "${c[@]}" --fp8 none --set parallel.recompute_param_casts=false
+   ours 1 1 1b_bf16_recast_chunk8k 110 "${c[@]}" --fp8 none "${chunk[@]}" --set parallel.recompute_param_casts=true
    ours 1 1 1b_fp8_recast_chunk8k 110 "${c[@]}" --fp8 tensorwise "${chunk[@]}" \
      --set parallel.recompute_param_casts=true) &
   wait
