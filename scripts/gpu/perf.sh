@@ -50,9 +50,17 @@
 #                                           the chunked loss and budget 0.999; the peak of a 1b bf16 step (ours).
 #   PART=final3 bash scripts/gpu/perf.sh   2xH200, ~6 min: 8b bf16 (ac_skip_last 8/9/10) and FP8 (11/12), 1b FSDP2
 #                                           (default, budget 0.99, budget 0.99 + reshard never); torchtitan.
-#   PART=recast bash scripts/gpu/perf.sh   2 GPUs, ~8 min: 1b bf16 (recompute_param_casts on, off, on + chunked loss) and FP8 (chunked
-#                                           loss) on GPU 1, torchtitan on GPU 0 at the same time. PART=recast2: then
-#                                           1b FSDP2 on 2 GPUs, both sides (~4 min more).
+#   PART=recast bash scripts/gpu/perf.sh   2 GPUs, ~3 min: 1b, one GPU per run: torchtitan bf16/FP8 then ours with
+#                                           recompute_param_casts off on GPU 0; ours with it on (bf16, FP8, each also with
+#                                           the chunked loss) on GPU 1 at the same time. PART=recast2: then PART=fsdp1b.
+#   PART=fsdp1b bash scripts/gpu/perf.sh   2xH200, ~2 min: 1b FSDP2, both sides; ours default, chunked loss, + fsdp_prefetch
+#                                           2, + reshard_after_forward=never and budget 0.999.
+#   PART=ncclfsdp bash scripts/gpu/perf.sh 2xH200, ~2 min: 1b FSDP2 (chunked, never, 0.999) under NCCL_PROTO=Simple with
+#                                           NCCL_MAX_CTAS 8 / 16, and without.
+#   PART=prof8b bash scripts/gpu/perf.sh   2xH200, ~3 min: kernel profiles of one 8b step (AC full): ours bf16 and FP8
+#                                           tensorwise, torchtitan bf16.
+#   PART=fp8ag bash scripts/gpu/perf.sh    2xH200, ~4 min: 8b FP8 (ac_skip_last 11) with fp8.fsdp_float8_all_gather
+#                                           true/false, bf16 (ac_skip_last 8), torchtitan FP8; a profile of FP8 without it.
 #   PART=skip8b bash scripts/gpu/perf.sh   2xH200, ~10 min: 8b bf16 and FP8, parallel.ac_skip_last 8/11/14 (one
 #                                           launch each); torchtitan AC full.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of

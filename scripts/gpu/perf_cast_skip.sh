@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# The parts of scripts/gpu/perf.sh that measure parallel.fsdp_one_rank=cast and
-# parallel.ac_skip_last (issue 12, third pass); sourced by perf.sh, which defines the helpers
+# The parts of scripts/gpu/perf.sh of the third and fourth passes of issue 12 (fsdp_one_rank=cast,
+# ac_skip_last, recompute_param_casts, FSDP2 and FP8 levers); sourced by perf.sh, which defines the helpers
 # (ours, titan, profiled, plan, note) and the shapes (P1B, P8B, OURS, AMB99, KP_ARGS).
 # shellcheck disable=SC2034  # KP_ARGS is read by perf.sh's profiled()
 part_cast1b() {
@@ -100,22 +100,68 @@ EOF
 }
 
 part_recast() {
-  note "recast: parallel.recompute_param_casts on/off on 1b, one GPU each: torchtitan on GPU 0, ours on GPU 1"
+  note "recast: parallel.recompute_param_casts on 1b, one GPU each: torchtitan then ours (off) on GPU 0, ours (on) on GPU 1"
   local c=(--strategy fsdp "${P1B[@]}" "${OURS[@]}")
   local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=8192)
-  (titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise) &
   # one launch each: a fresh Inductor cache per launch, so that no variant reuses another's graphs
+  (titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none
+   titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise
+   ours 0 1 1b_bf16_norecast 110 "${c[@]}" --fp8 none --set parallel.recompute_param_casts=false) &
   (ours 1 1 1b_bf16_recast 110 "${c[@]}" --fp8 none --set parallel.recompute_param_casts=true
-   ours 1 1 1b_bf16_norecast 110 "${c[@]}" --fp8 none --set parallel.recompute_param_casts=false
    ours 1 1 1b_bf16_recast_chunk8k 110 "${c[@]}" --fp8 none "${chunk[@]}" --set parallel.recompute_param_casts=true
    ours 1 1 1b_fp8_recast_chunk8k 110 "${c[@]}" --fp8 tensorwise "${chunk[@]}" \
-     --set parallel.recompute_param_casts=true) &
+     --set parallel.recompute_param_casts=true
+   ours 1 1 1b_fp8_recast 110 "${c[@]}" --fp8 tensorwise --set parallel.recompute_param_casts=true) &
   wait
 }
 
-part_recast2() {
-  note "recast2: PART=recast, then 1b FSDP2 on 2 GPUs, both sides"
-  part_recast
+part_fsdp1b() {
+  note "fsdp1b: 1b FSDP2 on 2 GPUs, both sides; ours default, chunked loss 8192, + fsdp_prefetch 2, + reshard never and budget 0.999"
+  local p
+  p=$(plan fsdp1b <<'EOF'
+- {set: []}
+- {set: [train.loss=chunked, train.loss_chunk_tokens=8192]}
+- {set: [train.loss=chunked, train.loss_chunk_tokens=8192, parallel.fsdp_prefetch=2]}
+- {set: [train.loss=chunked, train.loss_chunk_tokens=8192, parallel.reshard_after_forward=never, parallel.activation_memory_budget=0.999]}
+EOF
+)
   titan 0,1 2 1b_fsdp2 110 "${P1B[@]}" --fp8 none
-  ours 0,1 2 1b_fsdp2 120 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}"
+  ours 0,1 2 1b_fsdp2 240 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --plan "$p"
+}
+
+part_recast2() {
+  note "recast2: PART=recast, then PART=fsdp1b"
+  part_recast
+  part_fsdp1b
+}
+
+part_prof8b() {
+  note "prof8b: GPU time by kernel category of one 8b step on 2 GPUs (FSDP2, AC full, 4x2048), bf16 and FP8 tensorwise: ours, torchtitan bf16"
+  local chunk=(--set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  KP_ARGS=(--skip 5 --active 3) KP_GPUS=0,1 KP_NPROC=2
+  profiled ours ours_8b_bf16 170 --strategy fsdp --fp8 none "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
+  profiled ours ours_8b_fp8 170 --strategy fsdp --fp8 tensorwise "${P8B[@]}" "${OURS[@]}" "${chunk[@]}"
+  profiled titan titan_8b_bf16 170 "${P8B[@]}" --fp8 none
+  KP_ARGS=(--skip 10 --active 3) KP_GPUS=0 KP_NPROC=1
+}
+
+part_ncclfsdp() {
+  note "ncclfsdp: 1b FSDP2 on 2 GPUs (chunked loss, reshard never, budget 0.999) under NCCL_PROTO=Simple with NCCL_MAX_CTAS 8 / 16"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
+    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
+  ours 0,1 2 1b_fsdp2_nccl_default 110 "${c[@]}"
+  NCCL_PROTO=Simple NCCL_MAX_CTAS=8 ours 0,1 2 1b_fsdp2_simple_cta8 110 "${c[@]}"
+  NCCL_PROTO=Simple NCCL_MAX_CTAS=16 ours 0,1 2 1b_fsdp2_simple_cta16 110 "${c[@]}"
+}
+
+part_fp8ag() {
+  note "fp8ag: 8b FP8 tensorwise on 2 GPUs (chunked loss 2048, ac_skip_last 11), fp8.fsdp_float8_all_gather true / false; bf16 ac_skip_last 8; torchtitan FP8"
+  local c=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  titan 0,1 2 8b_fp8 120 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8_ag_fp8 110 "${c[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=true
+  ours 0,1 2 8b_fp8_ag_bf16 110 "${c[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false
+  ours 0,1 2 8b_bf16_skip8 110 "${c[@]}" --fp8 none --set parallel.ac_skip_last=8
+  KP_ARGS=(--skip 5 --active 3) KP_GPUS=0,1 KP_NPROC=2
+  profiled ours ours_8b_fp8_ag_bf16 130 "${c[@]}" --fp8 tensorwise --set fp8.fsdp_float8_all_gather=false
+  KP_ARGS=(--skip 10 --active 3) KP_GPUS=0 KP_NPROC=1
 }
