@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from launch import catalog, defaults
+from launch.commandline import PREFLIGHT_PORT_OFFSET
 from launch.safety import canonical_path
 from launch.spec import (
     JobSpec,
@@ -94,7 +95,7 @@ def build(o: dict) -> Built:
         p2p_broken=o["p2p_broken"],
         grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
         allow_undocumented_nccl=allow_nccl,
-        preflight=_preflight(o),
+        preflight=_preflight(o, rdzv.port),
     )
     _check_mount_targets(spec)
     return Built(spec, warnings)
@@ -110,7 +111,7 @@ def _nproc_per_node(value: int | None, profile: catalog.Profile, warnings: list[
     return nproc
 
 
-def _preflight(o: dict) -> Preflight:
+def _preflight(o: dict, port: int) -> Preflight:
     fraction = o.get("preflight_min_fraction")
     busbw = o.get("preflight_busbw")
     enabled = bool(o.get("preflight"))
@@ -120,8 +121,13 @@ def _preflight(o: dict) -> Preflight:
         raise SpecError(f"--preflight-min-fraction {fraction!r}: must be in (0, 1]")
     if busbw is not None and not busbw > 0:
         raise SpecError(f"--preflight-busbw {busbw!r}: must be > 0 (GB/s)")
+    if busbw is not None and busbw > defaults.MAX_BUSBW_GBPS:
+        raise SpecError(f"--preflight-busbw {busbw:g}: more than {defaults.MAX_BUSBW_GBPS:g} GB/s")
     if not enabled and (o.get("preflight_min_fraction") is not None or busbw is not None):
         raise SpecError("--preflight-min-fraction / --preflight-busbw need --preflight")
+    if enabled and port + PREFLIGHT_PORT_OFFSET > 65535:  # the preflight meets on the next port
+        raise SpecError(f"--preflight: its rendezvous uses port {port} + {PREFLIGHT_PORT_OFFSET}, outside 1..65535; "
+                        "pick a lower --rdzv-port / --rdzv-endpoint port")
     return Preflight(enabled, float(fraction), None if busbw is None else float(busbw))
 
 

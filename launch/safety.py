@@ -151,12 +151,11 @@ def _click_types():
             return number
 
     class CleanPath(click.Path):
-        """click.Path that refuses control characters (a NUL makes ``os.stat`` raise)
-        before it looks at the file system."""
+        """click.Path refusing '' and control characters (a NUL makes ``os.stat`` raise), first."""
 
         def convert(self, value, param, ctx):
-            if isinstance(value, str) and control_chars(value):
-                self.fail(f"{excerpt(value)}: control characters in a path", param, ctx)
+            if isinstance(value, str) and (not value or control_chars(value)):  # '' would become Path('.')
+                self.fail(f"{excerpt(value)}: control characters in a path" if value else "empty path", param, ctx)
             return super().convert(value, param, ctx)
 
     return StrictInt, StrictFloat, CleanPath
@@ -165,7 +164,7 @@ def _click_types():
 def harden_click(command) -> None:
     """Give every integer/float parameter of ``command`` (and its subcommands) the strict
     types: a new ``type=int`` option is ASCII-only, bounded and finite by construction;
-    every ``click.Path`` refuses control characters (NUL, newline) in the name."""
+    every ``click.Path`` refuses an empty name and control characters (NUL, newline)."""
     import click
 
     strict_int, strict_float, clean_path = _click_types()

@@ -4,7 +4,7 @@ Every environment setting is ``{value, why}``: the reason is data, rendered as a
 comment next to the variable in every script and manifest.
 """
 
-from launch.defaults import MAX_NPROC_PER_NODE
+from launch.defaults import MAX_BUSBW_GBPS, MAX_CPUS_PER_NODE, MAX_NPROC_PER_NODE
 
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
 
@@ -58,7 +58,7 @@ PROFILE_SCHEMA = {
             },
         },
         "cpu_arch": {"enum": ["amd64", "arm64"]},
-        "cpus_per_node": {"type": "integer", "minimum": 1, "maximum": 1 << 16},
+        "cpus_per_node": {"type": "integer", "minimum": 1, "maximum": MAX_CPUS_PER_NODE},
         "interconnect": {
             "type": "object",
             "additionalProperties": False,
@@ -126,7 +126,7 @@ FABRIC_SCHEMA = {
             "additionalProperties": False,
             "required": ["value", "why"],
             "properties": {
-                "value": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},  # finite: 1e309 is inf
+                "value": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_BUSBW_GBPS},  # finite: 1e309 is inf
                 "why": {"type": "string", "minLength": 10},
             },
         },

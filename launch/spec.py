@@ -8,21 +8,23 @@ Nothing in this module knows about hardware: profiles and fabrics are data
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, field
+from decimal import ROUND_DOWN, Decimal, localcontext
 from typing import TYPE_CHECKING
 
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
-from launch.safety import control_chars, reserved_path
+from launch.safety import control_chars, excerpt, reserved_path
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile
 
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]", re.ASCII)
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -201,20 +203,37 @@ def parse_endpoint(value: str | None, default_port: int) -> tuple[str | None, in
         host = match.group(1)
         if match.group(2) is not None:
             port = int(match.group(2))
-    if not match or not _HOST.fullmatch(host):
-        raise SpecError(f"--rdzv-endpoint {value!r}: expected HOST[:PORT]")
+    if not match or not valid_host(host):
+        raise SpecError(f"--rdzv-endpoint {excerpt(value)}: expected HOST[:PORT] (a DNS name of at most 253 characters "
+                        "in labels of 1..63, an IPv4 address or [IPv6])")
     return host, parse_port(port)
 
 
-def parse_port(port: int) -> int:
+def valid_host(host: str) -> bool:
+    """Every host a user names (rendezvous, registry): an RFC 1123 name (at most 253
+    characters, dot-separated labels of 1..63 letters, digits and '-') or a bracketed IPv6."""
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in host.split("."))
+
+
+def parse_port(port: int, what: str = "rendezvous port") -> int:
+    """Every TCP port a user names (rendezvous, registry): 1..65535."""
     if not 1 <= int(port) <= 65535:
-        raise SpecError(f"rendezvous port {port} is outside 1..65535")
+        raise SpecError(f"{what} {port} is outside 1..65535")
     return int(port)
 
 
 def parse_rdzv_id(value: str) -> str:
-    if not value or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
-        raise SpecError(f"--rdzv-id {value!r}: use letters, digits, '.', '_' and '-'")
+    """The strictest consumer's rule: a Kubernetes label value (the PyTorchJob's rdzvId is
+    passed on by the operator): at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    if not value or len(value) > 63 or not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
+        raise SpecError(f"--rdzv-id {excerpt(value)}: at most 63 letters, digits, '.', '_' and '-', "
+                        "starting and ending with a letter or digit")
     return value
 
 
@@ -274,6 +293,8 @@ def parse_image(value: str, enroot: bool = False) -> str:
         ok = bool(_ENROOT_REFERENCE.fullmatch(value)) or (
             value.startswith("/") and value.endswith(".sqsh") and check_path("--image", value) == value
         )
+    if ok:
+        _check_registry(value)
     if not ok:
         hint = " (Slurm + pyxis also take REGISTRY#IMAGE and /path/image.sqsh)" if enroot else ""
         raise SpecError(
@@ -281,6 +302,22 @@ def parse_image(value: str, enroot: bool = False) -> str:
             f"(lower-case name, no spaces, no leading '-'){hint}"
         )
     return value
+
+
+def _check_registry(value: str) -> None:
+    """The registry host (``HOST[:PORT]/...``, or enroot's ``[USER@]HOST[:PORT]#...``) is a valid
+    host name and its port 1..65535; a first path component without '.' or ':' is no registry."""
+    if "#" in value:
+        head = value.split("#", 1)[0].rsplit("@", 1)[-1]
+    elif "/" in value and not value.startswith("/"):
+        head = value.split("/", 1)[0]
+    else:
+        return
+    host, _, port = head.rpartition(":") if re.search(r":[0-9]+$", head) else (head, "", "")
+    if ("." in head or ":" in head or head.startswith("[")) and not valid_host(host):
+        raise SpecError(f"--image {excerpt(head)}: the registry is not a valid host name")
+    if port:
+        parse_port(int(port), f"--image {excerpt(head)}: registry port")
 
 
 _QUANTITY = re.compile(r"[0-9]{1,15}(\.[0-9]{1,9})?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
@@ -293,7 +330,26 @@ def parse_quantity(option: str, value: str | None) -> str | None:
         raise SpecError(f"{option} {value!r}: expected a Kubernetes quantity such as 64, 500m, 512Gi")
     if not re.search(r"[1-9]", value.rstrip("mkMGTPEi")):
         raise SpecError(f"{option} {value!r}: must be more than zero")
+    base = quantity_value(value)
+    if base > _QUANTITY_MAX:
+        raise SpecError(f"{option} {value!r}: larger than Kubernetes accepts (2^63-1 in the base unit)")
+    if base != base.quantize(Decimal("0.001"), rounding=ROUND_DOWN):
+        raise SpecError(f"{option} {value!r}: finer than Kubernetes' precision of 1m (0.001)")
     return value
+
+
+_QUANTITY_MAX = Decimal(2**63 - 1)
+_SUFFIX = {"m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
+           "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+           **{s: Decimal(2 ** (10 * (i + 1))) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}}
+
+
+def quantity_value(value: str) -> Decimal:
+    """A quantity ``parse_quantity`` accepted, in its base unit (cores, bytes), exactly."""
+    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", value)
+    with localcontext() as ctx:
+        ctx.prec = 60  # exact: at most 24 digits times 2^60 or 10^18
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
 
 
 _DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")

@@ -220,14 +220,18 @@ def _report(result: dict, v: dict, elapsed: float, json_path) -> None:
     sys.stderr.flush()
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600  # as train.timeout_s: a larger timedelta overflows in the process group
+
+
 @click.command("preflight")
 @click.option("--expect-busbw", type=float, default=None,
               help="All-reduce busbw (GB/s) the fabric should give (launch passes the fabric YAML's busbw_GBps).")
 @click.option("--min-fraction", type=float, default=0.5, show_default=True,
               help="A node below this fraction of the expected (or median) bandwidth fails the check.")
 @click.option("--bytes", "nbytes", default="16M", show_default=True, help="Message size per transfer.")
-@click.option("--iters", type=int, default=2, show_default=True, help="Timed transfers per measurement.")
-@click.option("--timeout", "timeout_s", type=int, default=120, show_default=True,
+@click.option("--iters", type=click.IntRange(1, 10_000), default=2, show_default=True,
+              help="Timed transfers per measurement.")
+@click.option("--timeout", "timeout_s", type=click.IntRange(1, MAX_TIMEOUT_S), default=120, show_default=True,
               help="Seconds any collective may take before the check fails.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Write the full report (facts, pairs, all-reduce, verdict) here (rank 0).")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
+from launch.safety import excerpt
 from launch.spec import JobSpec, parse_quantity
 
 SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
@@ -54,17 +55,37 @@ def _dns_subdomain(option: str, value: str) -> str:
     return value
 
 
+def qualified_name(key: str) -> bool:
+    """A Kubernetes qualified name (label and annotation keys, extended resource names):
+    [PREFIX/]NAME, PREFIX a DNS-1123 subdomain of at most 253 characters, NAME at most 63."""
+    prefix, _, name = key.rpartition("/")
+    return bool(_QUALIFIED_NAME.fullmatch(key)) and len(prefix) <= 253 and len(name) <= 63
+
+
 def parse_key_value(option: str, item: str, value_pattern: re.Pattern | None) -> tuple[str, str]:
     if "=" not in item:
-        raise SpecError(f"{option} {item!r}: expected KEY=VALUE")
+        raise SpecError(f"{option} {excerpt(item)}: expected KEY=VALUE")
     key, value = item.split("=", 1)
-    if len(key) > 316 or not _QUALIFIED_NAME.fullmatch(key):
-        raise SpecError(f"{option} {item!r}: {key!r} is not a valid Kubernetes key")
+    if not qualified_name(key):
+        raise SpecError(f"{option} {excerpt(item)}: {excerpt(key)} is not a valid Kubernetes key "
+                        "([PREFIX/]NAME, NAME of at most 63 characters, PREFIX a DNS subdomain of at most 253)")
     if value_pattern is not None and (len(value) > 63 or not value_pattern.fullmatch(value)):
         raise SpecError(f"{option} {item!r}: {value!r} is not a valid label value")
     if "\x00" in value or any("\ud800" <= ch <= "\udfff" for ch in item):
         raise SpecError(f"{option} {item!r}: contains NUL or a non-UTF-8 byte")
     return key, value
+
+
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # the API server's limit on all of an object's annotations together
+
+
+def _annotations(items) -> tuple[tuple[str, str], ...]:
+    pairs = _once("--pod-annotation", (parse_key_value("--pod-annotation", s, None) for s in items))
+    size = sum(len(k.encode()) + len(v.encode("utf-8", "surrogateescape")) for k, v in pairs)
+    if size > ANNOTATIONS_MAX_BYTES:
+        raise SpecError(f"--pod-annotation: {size} bytes in all, more than the {ANNOTATIONS_MAX_BYTES} "
+                        "Kubernetes accepts")
+    return pairs
 
 
 def _once(option: str, keys) -> tuple:
@@ -82,8 +103,10 @@ def parse_rdma_resource(value: str | None) -> tuple[str, int | None] | None:
     if value is None:
         return None
     name, _, count = value.partition("=")
-    if not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9._-]+", name) or (count and not re.fullmatch(r"[0-9]{1,6}", count)):
-        raise SpecError(f"--rdma-resource {value!r}: expected DOMAIN/NAME[=COUNT], e.g. rdma/ib=1")
+    if (not re.fullmatch(r"[a-z0-9.-]+/[A-Za-z0-9._-]+", name) or not qualified_name(name)
+            or (count and not re.fullmatch(r"[0-9]{1,6}", count))):
+        raise SpecError(f"--rdma-resource {excerpt(value)}: expected DOMAIN/NAME[=COUNT], e.g. rdma/ib=1 "
+                        "(NAME of at most 63 characters, DOMAIN of at most 253)")
     if count and int(count) < 1:
         raise SpecError(f"--rdma-resource {value!r}: COUNT must be at least 1")
     return name, int(count) if count else None
@@ -128,7 +151,7 @@ def parse_options(
         gang=bool(gang),
         image_pull_secrets=_once("--image-pull-secret", (_dns_subdomain("--image-pull-secret", s) for s in pull_secrets)),
         node_selector=_once("--node-selector", (parse_key_value("--node-selector", s, LABEL_VALUE) for s in node_selector)),
-        pod_annotations=_once("--pod-annotation", (parse_key_value("--pod-annotation", s, None) for s in pod_annotations)),
+        pod_annotations=_annotations(pod_annotations),
         backoff_limit=backoff_limit,
         ttl_seconds=ttl_seconds,
         secret_env=parse_secret_env(secret_env, allow_undocumented_nccl),

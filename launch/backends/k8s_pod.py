@@ -28,12 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.backends.k8s_options import LABEL_VALUE, K8sOptions, parse_key_value
+from launch.backends.k8s_options import LABEL_VALUE, K8sOptions, parse_key_value, qualified_name
 from launch.commandline import preflight_train_args
 from launch.envnames import check_unique_env
 from launch.envplan import EnvPlan
 from launch.errors import SpecError
 from launch.render import sh, shwords
+from launch.safety import excerpt
 from launch.spec import JobSpec, parse_quantity
 
 GANG_TIMEOUT_S = 300
@@ -132,6 +133,9 @@ def _rdma(spec: JobSpec, opts: K8sOptions) -> tuple[str, int, str] | None:
     if fabric is None and opts.rdma_resource is None:
         return None
     name = opts.rdma_resource[0] if opts.rdma_resource else fabric.name
+    if not qualified_name(name):  # a fabric YAML's name: the same rule as --rdma-resource
+        raise SpecError(f"fabric {spec.fabric.name!r} k8s.rdma_resource.name {excerpt(name)}: not a valid "
+                        "Kubernetes resource name (NAME of at most 63 characters, DOMAIN of at most 253)")
     count = (opts.rdma_resource[1] if opts.rdma_resource else None) or (fabric.count if fabric else None)
     if count is None:
         raise SpecError(

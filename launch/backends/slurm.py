@@ -75,6 +75,8 @@ def slurm_cpus(spec: JobSpec) -> int:
     if cpus is not None:
         if not re.fullmatch(r"[1-9][0-9]*", cpus):
             raise SpecError(f"--cpus {cpus!r}: Slurm needs a whole number of CPUs per node")
+        if int(cpus) > defaults.MAX_CPUS_PER_NODE:
+            raise SpecError(f"--cpus {cpus!r}: Slurm takes at most {defaults.MAX_CPUS_PER_NODE} CPUs per task")
         return int(cpus)
     return spec.profile.cpus_per_node or 4 * spec.nproc_per_node
 

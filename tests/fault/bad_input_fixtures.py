@@ -49,13 +49,16 @@ def _config_files(tmp: Path) -> dict[str, str]:
                 "nul_env_profile": ('value: "4"', 'value: "4\\0x"'),
                 "huge_gpus_profile": ("gpus_per_node: 8", "gpus_per_node: 99999999999999999999"),
                 "octal_gpus_profile": ("gpus_per_node: 8", "gpus_per_node: 010"),
-                "node_selector_profile": ("notes:", 'k8s:\n  node_selector:\n    "bad key!": "v v"\nnotes:')}
+                "node_selector_profile": ("notes:", 'k8s:\n  node_selector:\n    "bad key!": "v v"\nnotes:'),
+                "long_selector_profile": ("notes:", "k8s:\n  node_selector:\n    " + "a" * 64 + ": v\nnotes:")}
     for name, (old, new) in profiles.items():
         (tmp / f"{name}.yaml").write_text(generic.replace(old, new))
+    infiniband = (Path(__file__).resolve().parents[2] / "launch" / "fabrics" / "infiniband.yaml").read_text()
+    (tmp / "long_rdma_fabric.yaml").write_text(infiniband.replace("name: rdma/ib", "name: rdma/" + "a" * 70))
     (tmp / "int_key.yaml").write_text("train:\n  1: 2\n")
     (tmp / "octal.yaml").write_text("train:\n  steps: 010\n")
     return {"etc_link": str(tmp / "etc_link"), **{name: str(tmp / f"{name}.yaml") for name in profiles},
-            "int_key_yaml": str(tmp / "int_key.yaml"), "octal_yaml": str(tmp / "octal.yaml"),
+            "int_key_yaml": str(tmp / "int_key.yaml"), "long_rdma_fabric": str(tmp / "long_rdma_fabric.yaml"), "octal_yaml": str(tmp / "octal.yaml"),
             "tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
             "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
             "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),

@@ -247,7 +247,8 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     all-reduce latency of NCCL vs symmetric memory. Run under torchrun."""
     from train.console import fail
 
-    name = name or ("latency" if impl else "comm" + (f"_{emulate_link}" if emulate_link else ""))
+    if name is None:  # --name '' is refused by check_report, not replaced
+        name = "latency" if impl else "comm" + (f"_{emulate_link}" if emulate_link else "")
     try:
         args = _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds,
                            p2p_bytes, impl, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu)

@@ -135,7 +135,7 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     from train.bench.report import check_report, claim_report
     from train.rundir import RunLock
 
-    name = name or ("compression" + (f"_{emulate_link}" if emulate_link else ""))
+    name = name if name is not None else ("compression" + (f"_{emulate_link}" if emulate_link else ""))
     check_report(out_dir, name)
     runs_dir = preflight.check_out_dir(runs_dir or out_dir / "compression_runs", "--runs-dir")
     specs = [v for v in variants.split(",") if v.strip()]

@@ -363,8 +363,8 @@ def load_plan(path: Path, defaults: dict) -> list[dict]:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every point.")
 @click.option("--plan", type=click.Path(path_type=Path, dir_okay=False), help="YAML list of grids to run.")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
-@click.option("--timeout-s", default=900, show_default=True, type=click.IntRange(min=1),
-              help="Process-group timeout (seconds).")
+@click.option("--timeout-s", default=900, show_default=True, type=click.IntRange(1, 7 * 24 * 3600),
+              help="Process-group timeout (seconds, at most 7 days as train.timeout_s).")
 @click.option("--out", "out_dir", default="runs/bench-step", show_default=True, type=click.Path(path_type=Path))
 @click.option("--name", default="step", show_default=True, help="Report file name (NAME.json/.md/.png).")
 def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, data, overrides, plan, device,

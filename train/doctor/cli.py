@@ -72,7 +72,7 @@ def doctor(preset, seq, batch, gpus, profile, check_nccl, measure, as_json) -> N
     """Check GPUs, drivers, NCCL, FP8 support and libraries; estimate memory per GPU."""
     seq, batch = _check_options(preset, seq, batch, gpus)
     prof = None
-    if profile:
+    if profile is not None:  # --profile '' is a mistake, not "no profile"
         try:
             prof = load_profile(profile)
         except KeyError as exc:

@@ -17,6 +17,8 @@ def load_profile(name: str) -> dict:
     "mxfp8_backends"}`` of a hardware profile; raises ``KeyError`` naming the valid profiles
     when ``name`` is unknown, or the file's problem when it cannot be read."""
     files = available("profiles")
+    if not name.strip():
+        raise KeyError(f"--profile is empty (valid: {', '.join(files) or 'none found'})")
     if name not in files:
         raise KeyError(f"--profile {excerpt(name)}: unknown profile (valid: {', '.join(files) or 'none found'})")
     try:

@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
 
+from launch.safety import excerpt
 from train.console import fail, setup
 from train.errors import PrepareError
 from train.prepare.run import prepare
 
 
+MAX_SHARDS = 1_000_000
+
+
 def _parse_shard(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
-    try:
-        i, n = (int(x) for x in value.split("/"))
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected I/N, e.g. 0/4") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise click.BadParameter(f"{value!r}: needs 0 <= I < N")
+    match = re.fullmatch(r"([0-9]{1,7})/([0-9]{1,7})", value)  # ASCII digits: int() also reads '٣'
+    if not match:
+        raise click.BadParameter(f"{excerpt(value)}: expected I/N in ASCII digits, e.g. 0/4")
+    i, n = int(match.group(1)), int(match.group(2))
+    if not (1 <= n <= MAX_SHARDS and 0 <= i < n):
+        raise click.BadParameter(f"{excerpt(value)}: needs 0 <= I < N <= {MAX_SHARDS}")
     return i, n
+
+
+def _check_not_empty(tokenizer: str, text_field: str, split: str | None, eos: str | None) -> None:
+    """An empty value is a mistake, never "the default" (--eos '' used to mean the tokenizer's EOS)."""
+    for option, value in (("--tokenizer", tokenizer), ("--text-field", text_field), ("--split", split),
+                          ("--eos", eos)):
+        if value is not None and not (value if option == "--eos" else value.strip()):  # ' ' may be a token
+            fail(f"{option} is empty", 2)
 
 
 @click.group("data")
@@ -44,6 +57,7 @@ def data() -> None:
 def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, online, keep_parts) -> None:
     """Tokenize text, JSONL, Parquet or datasets into a token file for data.source=file."""
     setup()  # progress and resume lines on stderr (INFO)
+    _check_not_empty(tokenizer, text_field, split, eos)
     try:
         res = prepare(list(inputs), out, tokenizer, workers=workers, text_field=text_field, split=split,
                       shard=_parse_shard(shard), eos=eos, online=online, keep_parts=keep_parts)
