@@ -229,8 +229,9 @@ def parse_port(port: int, what: str = "rendezvous port") -> int:
 
 
 def parse_rdzv_id(value: str) -> str:
-    """The strictest consumer's rule: a Kubernetes label value (the PyTorchJob's rdzvId is
-    passed on by the operator): at most 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    """torchrun's --rdzv-id and the PyTorchJob's rdzvId, bounded as a Kubernetes label value (at
+    most 63 of [A-Za-z0-9._-], alphanumeric at both ends) so that any backend can name or label
+    things with it."""
     if not value or len(value) > 63 or not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
         raise SpecError(f"--rdzv-id {excerpt(value)}: at most 63 letters, digits, '.', '_' and '-', "
                         "starting and ending with a letter or digit")
