@@ -31,6 +31,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 
 # Config fields are numbers a job can actually use: integers fit int64 and floats are finite.
 INT_LIMIT = 2**63 - 1
+MAX_TIMEOUT_S = 7 * 24 * 3600  # collective timeouts (train.timeout_s, preflight, bench): a larger timedelta overflows
 SEED_MAX = 2**32 - 1  # numpy's SeedSequence and torch.manual_seed(seed + 1000 * rank) both accept it
 LOSS_MODES = ("auto", "eager", "compiled", "chunked")  # train.loss, see train/loss.py
 
@@ -124,7 +125,7 @@ class TrainConfig:
             raise ConfigError("train.max_nan_skips / train.shutdown_grace_s: must be >= 0")
         if not 0 <= self.seed <= SEED_MAX:
             raise ConfigError(f"train.seed: must be in 0..{SEED_MAX}, got {self.seed}")
-        if self.timeout_s > 7 * 24 * 3600 or self.shutdown_grace_s > 24 * 3600:
+        if self.timeout_s > MAX_TIMEOUT_S or self.shutdown_grace_s > 24 * 3600:
             raise ConfigError("train.timeout_s must be at most 7 days and train.shutdown_grace_s at most 1 day")
         if self.loss not in LOSS_MODES:
             raise ConfigError(f"train.loss: must be one of {', '.join(LOSS_MODES)}, got {excerpt(self.loss)}")

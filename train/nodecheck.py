@@ -46,6 +46,7 @@ import click
 
 from launch.errors import InputError
 from launch.safety import atomic_write, check_output_target
+from train.config import MAX_TIMEOUT_S
 
 EXIT_OK, EXIT_SLOW, EXIT_BROKEN = 0, 3, 4
 
@@ -218,9 +219,6 @@ def _report(result: dict, v: dict, elapsed: float, json_path) -> None:
     click.echo(v["line"], err=v["code"] != EXIT_OK)
     sys.stdout.flush()
     sys.stderr.flush()
-
-
-MAX_TIMEOUT_S = 7 * 24 * 3600  # as train.timeout_s: a larger timedelta overflows in the process group
 
 
 @click.command("preflight")

@@ -410,6 +410,12 @@ TRAIN_CASES = [
     T("bench-step-timeout-huge", "bench step --timeout-s 10^18", ["bench", "step", "--timeout-s",
                                                                   "1000000000000000000"], 2,
       "'--timeout-s': must be at most 604800"),
+    T("bench-step-preset-trailing-comma", "bench step --preset 'tiny,' (an empty item used to be dropped)",
+      ["bench", "step", "--preset", "tiny,"], 2, "--preset 'tiny,': an empty item in the list"),
+    T("bench-comm-ops-double-comma", "bench comm --ops 'all_reduce,,all_gather'",
+      ["bench", "comm", "--ops", "all_reduce,,all_gather"], 2, "an empty item in the list"),
+    T("bench-comm-dtype-trailing-comma", "bench comm --dtype 'bf16,'", ["bench", "comm", "--dtype", "bf16,"], 2,
+      "--dtype 'bf16,': an empty item in the list"),
     # ---- train: data files (bad input: exit 2, found when the data is opened)
     T("data-missing", "data.path that does not exist", ["run", *FILE_DATA, "--set", "data.path={tmp}/none.bin", *TINY],
       2, "data.path: token file {tmp}/none.bin does not exist"),

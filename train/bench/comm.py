@@ -277,13 +277,11 @@ def _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iter
                 out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> dict:
     """Every argument checked before any process group exists (ValueError: usage error)."""
     from train.bench.latency import parse_impls
-    from train.bench.report import check_report, choice_list
+    from train.bench.report import check_report, choice_list, comma_list
 
     check_report(out_dir, name)
     impls = parse_impls(impl) if impl is not None else []
-    op_list = [o.strip() for o in ops.split(",") if o.strip()]
-    if not op_list:
-        raise ValueError("--ops: empty list")
+    op_list = comma_list(ops, "--ops")
     for o in op_list:
         bus_factor(o, 2)
     dtype_list = choice_list(dtypes, "--dtype", DTYPES)

@@ -132,14 +132,14 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
                     out_dir, runs_dir, name, overrides) -> None:
     """Step time, bytes, exposed comm and loss for each gradient-communication scheme."""
     from train import preflight
-    from train.bench.report import check_report, claim_report
+    from train.bench.report import check_report, claim_report, comma_list
     from train.rundir import RunLock
 
     name = name if name is not None else ("compression" + (f"_{emulate_link}" if emulate_link else ""))
     check_report(out_dir, name)
     runs_dir = preflight.check_out_dir(runs_dir or out_dir / "compression_runs", "--runs-dir")
-    specs = [v for v in variants.split(",") if v.strip()]
     try:
+        specs = comma_list(variants, "--variants")
         for spec in specs:
             variant_overrides(spec)  # a bad variant is named before anything else
     except ValueError as exc:

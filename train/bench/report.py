@@ -18,11 +18,21 @@ from launch.safety import atomic_write, check_output_target, excerpt
 log = logging.getLogger(__name__)
 
 
+def comma_list(text, option: str) -> list[str]:
+    """``a, b`` (or a YAML list) -> ``["a", "b"]``; ValueError (a usage error) when the list or
+    one of its items is empty (``a,,b``, ``a,``: a typo, not a shorter list)."""
+    raw = [str(t) for t in text] if isinstance(text, (list, tuple)) else str(text).split(",")
+    items = [t.strip() for t in raw]
+    if not any(items):
+        raise ValueError(f"{option}: empty list")
+    if not all(items):
+        raise ValueError(f"{option} {excerpt(text)}: an empty item in the list")
+    return items
+
+
 def choice_list(text: str, option: str, choices, word: str = "known") -> list[str]:
     """``a,b`` -> ``["a", "b"]``; ValueError (a usage error) when empty or an item is not a choice."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise ValueError(f"{option}: empty list")
+    items = comma_list(text, option)
     for item in items:
         if item not in choices:
             raise ValueError(f"{option}: unknown {item!r} ({word}: {', '.join(choices)})")

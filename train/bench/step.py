@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from launch.safety import excerpt, load_yaml_file, parse_ascii_int
+from train.config import MAX_TIMEOUT_S
 from train.console import setup
 from train.errors import ConfigError
 
@@ -70,12 +71,6 @@ GRID_KEYS = ("preset", "strategy", "fp8", "ac", "compile", "batch", "seq")
 COLUMNS = ["preset", "strategy", "mesh", "fp8", "ac", "compile", "batch", "seq", "overrides", "gpus", "status", "step_ms",
            "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "act_mem_gib", "warmup_s",
            "first_loss", "final_loss"]
-
-
-def split_list(text) -> list[str]:
-    if isinstance(text, (list, tuple)):
-        return [str(t).strip() for t in text if str(t).strip()]
-    return [t.strip() for t in str(text).split(",") if t.strip()]
 
 
 def fp8_overrides(value: str) -> list[str]:
@@ -112,10 +107,12 @@ def expand(grid: dict) -> list[dict]:
     from train.config import load_config
     from train.models.presets import MODEL_PRESETS
 
-    lists = [split_list(grid[k]) for k in GRID_KEYS]
-    for key, values in zip(GRID_KEYS, lists):
-        if not values:
-            raise ConfigError(f"--{key}: empty list")
+    from train.bench.report import comma_list
+
+    try:
+        lists = [comma_list(grid[k], f"--{k}") for k in GRID_KEYS]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     for v in lists[GRID_KEYS.index("preset")]:
         _choice("preset", v, list(MODEL_PRESETS))
     for v in lists[GRID_KEYS.index("strategy")]:
@@ -363,7 +360,7 @@ def load_plan(path: Path, defaults: dict) -> list[dict]:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every point.")
 @click.option("--plan", type=click.Path(path_type=Path, dir_okay=False), help="YAML list of grids to run.")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
-@click.option("--timeout-s", default=900, show_default=True, type=click.IntRange(1, 7 * 24 * 3600),
+@click.option("--timeout-s", default=900, show_default=True, type=click.IntRange(1, MAX_TIMEOUT_S),
               help="Process-group timeout (seconds, at most 7 days as train.timeout_s).")
 @click.option("--out", "out_dir", default="runs/bench-step", show_default=True, type=click.Path(path_type=Path))
 @click.option("--name", default="step", show_default=True, help="Report file name (NAME.json/.md/.png).")
