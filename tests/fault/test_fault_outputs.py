@@ -102,3 +102,39 @@ def test_prepare_refuses_a_second_preparation_of_one_out(tmp_path):
             prepare([str(tmp_path / "doc.txt")], out, "no-such-tokenizer", shard=(0, 2))
     assert not _shards_running(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt"]
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only file system (a tmpfs mounted ``ro``): root ignores directory modes, so
+    this is the one way a root test machine sees an unwritable output place."""
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mount -t tmpfs failed: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "train", "run", "--config", "debug", "--out", "{ro}/run"],
+    ["-m", "train", "bench", "comm", "--out", "{ro}/bench"],
+    ["-m", "train", "bench", "step", "--device", "cpu", "--preset", "tiny", "--steps", "1", "--out", "{ro}/bench"],
+    ["-m", "train", "data", "prepare", "--tokenizer", "gpt2", "--out", "{ro}/sub/tok.bin", str(ROOT / "README.md")],
+    ["-m", "launch", "torchrun", "-o", "{ro}/train.sh"],
+], ids=["run", "bench-comm", "bench-step", "data-prepare", "launch"])
+def test_read_only_output_place_is_a_one_line_usage_error(read_only_dir, argv):
+    """An output place on a read-only file system: exit 2 and one line naming it, before any
+    work (no traceback, no process group)."""
+    args = [a.replace("{ro}", str(read_only_dir)) for a in argv]
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert any(str(read_only_dir) in ln and "not writable" in ln for ln in lines), proc.stderr

@@ -139,7 +139,8 @@ def _shards_running(out: Path) -> bool:
 
 def _check_out(out: Path) -> None:
     """A token file name (not ''/'.', not .json) outside the system directories (also through
-    a symbolic link or ``//etc``); OUT and OUT.json, where they exist, regular files."""
+    a symbolic link or ``//etc``); OUT and OUT.json, where they exist, regular files; a
+    writable place to create them."""
     if out.name in ("", ".", ".."):
         raise PrepareError(f"--out {excerpt(str(out))}: give the token file's name, e.g. tokens.bin")
     if out.suffix == ".json":
@@ -152,6 +153,11 @@ def _check_out(out: Path) -> None:
                 check_output_target(path, "--out")
             except InputError as exc:
                 raise PrepareError(str(exc)) from None
+    ancestor = out.parent  # created if missing: the nearest existing directory must take it
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.is_dir() and not os.access(ancestor, os.W_OK | os.X_OK):  # also a read-only file system
+        raise PrepareError(f"--out {excerpt(str(out))}: directory {excerpt(str(ancestor))} is not writable")
 
 
 def _already_prepared(out: Path, sha256: str, sources: list[str], itemsize: int) -> Result | None:
