@@ -17,7 +17,7 @@ from launch.backends.shell import (
 )
 from launch.errors import SpecError
 from launch.render import Quoted, Shell, render
-from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token
+from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
 
@@ -81,22 +81,15 @@ def slurm_cpus(spec: JobSpec) -> int:
     return spec.profile.cpus_per_node or 4 * spec.nproc_per_node
 
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-
-
 def slurm_memory(quantity: str) -> str:
     """A Kubernetes memory quantity (512Gi, 64G, 1.5Ti) as Slurm --mem (binary units, rounded up)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", quantity)
-    unit = match.group(2) if match else "?"
-    scale = _BINARY.get(unit) or _DECIMAL.get(unit)
-    if not scale:
+    if quantity.endswith("m"):
         raise SpecError(f"--memory {quantity!r}: Slurm needs bytes, e.g. 512Gi, 64G or 500Mi")
-    value = float(match.group(1)) * scale
+    value = int(quantity_value(quantity))  # whole bytes (parse_quantity accepted it)
     for suffix, size in (("T", 2**40), ("G", 2**30), ("M", 2**20)):
         if value >= size and value % size == 0:
-            return f"{int(value // size)}{suffix}"
-    return f"{max(1, -(-int(value) // 2**20))}M"
+            return f"{value // size}{suffix}"
+    return f"{max(1, -(-value // 2**20))}M"
 
 
 def _directive(text: str) -> Quoted:

@@ -18,7 +18,7 @@ import numpy as np
 
 from launch.errors import InputError
 from launch.safety import atomic_write, check_output_target, excerpt, reserved_local_path
-from train.errors import PrepareError
+from train.errors import ConfigError, PrepareError
 from train.prepare.tokenizer import load_tokenizer
 from train.prepare.units import Unit, plan_units
 from train.prepare.worker import init_worker, tokenize_unit
@@ -153,11 +153,12 @@ def _check_out(out: Path) -> None:
                 check_output_target(path, "--out")
             except InputError as exc:
                 raise PrepareError(str(exc)) from None
-    ancestor = out.parent  # created if missing: the nearest existing directory must take it
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if ancestor.is_dir() and not os.access(ancestor, os.W_OK | os.X_OK):  # also a read-only file system
-        raise PrepareError(f"--out {excerpt(str(out))}: directory {excerpt(str(ancestor))} is not writable")
+    from train.preflight import check_dir
+
+    try:  # created if missing: the nearest existing directory must take it (also on a read-only file system)
+        check_dir("--out", str(out.parent))
+    except ConfigError as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def _already_prepared(out: Path, sha256: str, sources: list[str], itemsize: int) -> Result | None:
