@@ -142,9 +142,15 @@ def _check_mount_targets(spec: JobSpec) -> None:
         seen[target] = "--mount"
 
 
+# A port's RoCE GID table is small (NVIDIA's RoCE guide: 128 hardware entries a port on
+# ConnectX-3; show_gids lists it): one byte covers every table, 9999 is a typo.
+MAX_GID_INDEX = 255
+
+
 def _gid_index(value: str | None) -> str | None:
     if value is None:
         return None
-    if not re.fullmatch(r"-?[0-9]{1,4}", value) or int(value) < -1:
-        raise SpecError(f"--ib-gid-index {value!r}: a GID table index (or -1 for NCCL's auto-selection)")
+    if not re.fullmatch(r"-?[0-9]{1,3}", value) or not -1 <= int(value) <= MAX_GID_INDEX:
+        raise SpecError(f"--ib-gid-index {value!r}: a GID table index 0..{MAX_GID_INDEX} (show_gids), "
+                        "or -1 for NCCL's auto-selection")
     return value

@@ -211,14 +211,24 @@ def parse_endpoint(value: str | None, default_port: int) -> tuple[str | None, in
 
 def valid_host(host: str) -> bool:
     """Every host a user names (rendezvous, registry): an RFC 1123 name (at most 253
-    characters, dot-separated labels of 1..63 letters, digits and '-') or a bracketed IPv6."""
+    characters, dot-separated labels of 1..63 letters, digits and '-', the last one not all
+    digits), a dotted-quad IPv4 address or a bracketed IPv6."""
     if host.startswith("[") and host.endswith("]"):
         try:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             return False
         return True
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in host.split("."))
+    labels = host.split(".")
+    if labels[-1].isdigit():
+        # RFC 1123 2.1: a name's top-level label is never all digits, so this is a dotted-quad
+        # IPv4 address (each part 0..255) or nothing (999.999.999.999, 10.0.0, 4294967295)
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return False
+        return True
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def parse_port(port: int, what: str = "rendezvous port") -> int:
