@@ -157,9 +157,6 @@ class MetricsConfig:
     tensorboard: bool = False
     progress: bool = True  # rank-0 progress bar
     trace_steps: str = ""  # "A:B": torch.profiler trace of steps A..B per rank (OUT/traces/), see train/trace.py
-    # true: wait for the GPU at the end of every step (each row's step time is that step's
-    # alone); false: the host queues the next step while the GPU finishes the optimizer
-    sync_steps: bool = False
     prometheus_file: str = ""  # Prometheus textfile (relative: under OUT), rewritten atomically per logged step
     wandb: bool = False  # log the same rows to Weights & Biases (needs the wandb extra)
     wandb_project: str = "hopper-train"

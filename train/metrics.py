@@ -33,11 +33,7 @@ def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_tflops: float 
 
 
 class StepTimer:
-    """Wall time from one step's start to the next one's. With ``sync`` the device is drained
-    first, so the step's own queued GPU work is counted in it. Without, the host goes on
-    while the GPU finishes the step (the loop's one host read per step bounds the lead to
-    one step): each time then counts the GPU tail of the step before, and their sum is the
-    same."""
+    """Wall time of a step; synchronises the device so queued GPU work is counted."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -46,8 +42,8 @@ class StepTimer:
     def start(self) -> None:
         self.t0 = time.perf_counter()
 
-    def stop(self, sync: bool = True) -> float:
-        if sync and self.device.type == "cuda":
+    def stop(self) -> float:
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - self.t0
 

@@ -309,8 +309,6 @@ class Trainer:
         job, summary = self.job, Summary(start_step=self.step)
         tokens_per_step = job.train.batch_size * job.train.seq_len * self.accum * self.par.dp_world
         timer = StepTimer(self.device)
-        # step_metrics (comm.measure) and traces read a finished step: those wait for the GPU
-        sync = job.metrics.sync_steps or bool(self.par.step_metrics) or bool(job.metrics.trace_steps)
         progress = ProgressBar(self.info.is_main and job.metrics.progress, job.train.steps, self.step)
         tracer = StepTracer(parse_window(job.metrics.trace_steps), self.out_dir, self.info.rank, self.device)
         try:
@@ -319,7 +317,7 @@ class Trainer:
                 tracer.begin(self.step + 1)
                 timer.start()
                 loss, grad_norm, stop = self.train_step()
-                dt = timer.stop(sync)
+                dt = timer.stop()
                 step_stats: dict = {}
                 for collect in self.par.step_metrics:  # e.g. comm_bytes, exposed_comm_ms (comm.measure)
                     step_stats.update(collect())

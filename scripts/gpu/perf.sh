@@ -63,8 +63,6 @@
 #                                           true/false, bf16 (ac_skip_last 8), torchtitan FP8; a profile of FP8 without it.
 #   PART=skip8b bash scripts/gpu/perf.sh   2xH200, ~10 min: 8b bf16 and FP8, parallel.ac_skip_last 8/11/14 (one
 #                                           launch each); torchtitan AC full.
-#   PART=syncsteps bash scripts/gpu/perf.sh 2 GPUs, ~5 min: `train run` 1b with metrics.sync_steps true / false (one GPU
-#                                           each, both orders; then FSDP2 on 2 GPUs): the trainer's tokens/s.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for

@@ -165,28 +165,3 @@ part_fp8ag() {
   profiled ours ours_8b_fp8_ag_bf16 130 "${c[@]}" --fp8 tensorwise --set fp8.fsdp_float8_all_gather=false
   KP_ARGS=(--skip 10 --active 3) KP_GPUS=0 KP_NPROC=1
 }
-
-trainrun() {  # GPUS NPROC NAME LIMIT ARGS...: one `train run` (1b preset shapes, synthetic data), log in NAME.log
-  local gpus=$1 nproc=$2 name=$3 limit
-  if ! limit=$(capped "$4"); then note "$name skipped: BUDGET_S=$BUDGET_S spent"; return; fi
-  shift 4
-  TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/$name" CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" \
-    "${TRUN[@]}" --nproc-per-node "$nproc" -m train run --config 1b --out "$W/run_$name" \
-    --set data.source=synthetic --set train.batch_size=8 --set train.steps=40 --set train.log_every=10 \
-    --set parallel.strategy=fsdp --set parallel.compile=true --set checkpoint.final=false --set checkpoint.every=0 \
-    --set metrics.progress=false "$@" >"$W/$name.log" 2>&1 || note "$name failed (exit $?); see $name.log"
-  note "$name: $(grep -h 'tokens/s ' "$W/$name.log" | tail -1 | tr -s ' ')"
-}
-
-part_syncsteps() {
-  note "syncsteps: train run 1b (8x2048, compile, 40 steps) with metrics.sync_steps true / false: one GPU each (both orders), then FSDP2 on 2 GPUs"
-  trainrun 0 1 sync_true_gpu0 120 --set metrics.sync_steps=true &
-  trainrun 1 1 sync_false_gpu1 120 --set metrics.sync_steps=false &
-  wait
-  trainrun 0 1 sync_false_gpu0 120 --set metrics.sync_steps=false &
-  trainrun 1 1 sync_true_gpu1 120 --set metrics.sync_steps=true &
-  wait
-  trainrun 0,1 2 fsdp2_sync_true 100 --set metrics.sync_steps=true
-  trainrun 0,1 2 fsdp2_sync_false 100 --set metrics.sync_steps=false
-  trainrun 0,1 2 fsdp2_sync_true_again 100 --set metrics.sync_steps=true
-}
