@@ -15,12 +15,11 @@ project and torchtitan, so it is left out), at M = tokens per GPU per step:
   produced the tensor: the lower floor.
 
 Under ``--recompute R`` of the layers (activation checkpointing), the least conversion work
-per step is: forward, every layer: ``cast`` of the 4 distinct linear inputs (the q/k/v and
-w1/w3 pairs share theirs) and of the 7 weights; recompute, R layers: ``cast_t`` of the same
-(the transposes feed the backward GEMMs); backward, every layer: ``cast_t`` of the 7
-output gradients. Without recompute, the forward casts are ``cast_t`` and there is no
-second pass. The GEMMs run (1 + R / n_layers) times in the forward and once each in the
-backward.
+per step is: forward of a recomputed layer: ``cast`` of the 4 distinct linear inputs (the
+q/k/v and w1/w3 pairs share theirs) and of the 7 weights, then ``cast_t`` of the same in its
+recompute (the transposes feed the backward GEMMs); forward of a layer that is not
+recomputed: ``cast_t`` once; backward, every layer: ``cast_t`` of the 7 output gradients.
+The GEMMs run (1 + R / n_layers) times in the forward and once each in the backward.
 
 The printed bound: given a measured bf16 step time ``--bf16-step-ms`` (same machine),
 ``T_fp8 >= T_bf16 - (GEMM_bf16 - GEMM_fp8) + conversions``, so FP8 over bf16 is at most
@@ -139,11 +138,10 @@ def floor(preset: str, tokens: int, recompute: int) -> dict:
     c_dy = [cast_ms(tokens, n, E5M2) for _, _, n in linears]
     conv = {}
     for tag, suffix in (("with_amax", ""), ("amax_fused", "_noamax")):
-        fwd_kind = ("cast" if recompute else "cast_t") + suffix
-        per_fwd = sum(c[fwd_kind] for c in c_in + c_w)
-        per_recompute = sum(c["cast_t" + suffix] for c in c_in + c_w)
+        plain = sum(c["cast" + suffix] for c in c_in + c_w)  # forward of a recomputed layer
+        both = sum(c["cast_t" + suffix] for c in c_in + c_w)  # its recompute, or the forward of a kept one
         per_bwd = sum(c["cast_t" + suffix] for c in c_dy)
-        conv[tag] = n_layers * (per_fwd + per_bwd) + recompute * per_recompute
+        conv[tag] = recompute * (plain + both) + (n_layers - recompute) * both + n_layers * per_bwd
     return {"preset": preset, "tokens": tokens, "recompute_layers": recompute, "n_layers": n_layers,
             "gemm_ms_per_layer": g, "gemm_ms_per_step": gemm, "conversion_ms_per_step": conv,
             "casts": {"inputs": c_in, "weights": c_w, "grad_outputs": c_dy}}
