@@ -38,8 +38,6 @@ EXCERPT_CHARS = 80
 MESSAGE_CHARS = 600
 
 
-
-
 # --------------------------------------------------------------------------- messages
 
 
@@ -358,9 +356,8 @@ RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "
 
 
 def canonical_path(path: str) -> str:
-    """``path`` (absolute, POSIX) without ``.``, ``..``, repeated or trailing slashes. POSIX
-    ``normpath`` keeps a leading ``//`` (implementation-defined there, the root on Linux),
-    so ``//etc`` would not compare equal to ``/etc``: every leading slash run becomes one."""
+    """``path`` (absolute, POSIX) without ``.``, ``..``, repeated or trailing slashes; POSIX ``normpath``
+    keeps a leading ``//`` (the root on Linux, but not equal to ``/etc`` as ``//etc``): one slash."""
     import posixpath
 
     norm = posixpath.normpath(path)
@@ -375,19 +372,21 @@ def reserved_path(path: str) -> bool:
 
 
 def reserved_local_path(path: str | os.PathLike) -> bool:
-    """A path of this machine that is, or resolves through symbolic links to, a reserved
-    path (``--out link-to-etc``): the directory that would really be written."""
+    """A local path that is, or resolves through symbolic links to, a reserved path (``--out link-to-etc``)."""
     return reserved_path(os.path.realpath(os.fspath(path)))
 
 
+def system_directory(path: str | os.PathLike) -> bool:
+    """``path`` resolves to ``/`` or into /etc, /usr, /dev, /proc...: no file is written there."""
+    norm = canonical_path(os.path.realpath(os.fspath(path)))
+    return norm == "/" or any(f"{norm}/".startswith(tree + "/") for tree in RESERVED_TREES)
+
 
 def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
-    """Refuse a target that an atomic rename would destroy or that cannot be written.
-
-    Allowed: a missing file in an existing directory, or an existing regular file.
-    Refused: directories, symlinks (the rename would replace the link, not its target),
-    FIFOs, character/block devices and sockets (``-o /dev/null`` as root would replace
-    /dev/null with a regular file)."""
+    """Refuse a target that an atomic rename would destroy or that cannot be written: allowed
+    are a missing file in an existing directory, or an existing regular file. Refused: directories,
+    symlinks (the rename would replace the link, not its target), FIFOs, character/block devices and
+    sockets (``-o /dev/null`` as root would replace /dev/null), any file in ``/`` or a system tree."""
     text = os.fspath(path)
     if text == "":
         raise InputError(f"{what}: empty file name")
@@ -415,6 +414,8 @@ def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
     parent = p.parent
     if not parent.is_dir():
         raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} does not exist")
+    if system_directory(parent):  # as root a rename there replaces /etc/passwd, /usr/bin/bash...
+        raise InputError(f"{what} {shown}: {excerpt(os.path.realpath(parent))} is a system directory; write elsewhere")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} is not writable")
     return p

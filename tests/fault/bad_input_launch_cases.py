@@ -60,6 +60,10 @@ LAUNCH_CASES = [
     L("output-is-profile", "-o naming the --profile file (would replace it with the script)",
       ["torchrun", "--profile", "{copy_profile}", "-o", "{copy_profile}"], 2, "is the input file"),
     L("output-empty", "-o ''", ["k8s", "-o", ""], 2, "empty file name"),
+    L("output-system-dir", "-o a file in /etc (as root the rename replaced /etc/passwd)",
+      ["torchrun", "-o", "/etc/hopper-train-bad-input.sh"], 2, "'/etc' is a system directory"),
+    L("output-system-dir-dotdot", "-o reaching /usr/bin through '..'",
+      ["env", "-o", "{tmp}/../../../../../../usr/bin/hopper-train-bad-input"], 2, "'/usr/bin' is a system directory"),
     # ---- launch: profile/fabric YAML (bounded)
     L("profile-alias-bomb", "--profile YAML alias bomb", ["torchrun", "--profile", "{bomb_yaml}"], 2, "alias bomb"),
     L("profile-deep", "--profile YAML nested 10 000 deep", ["torchrun", "--profile", "{deep_yaml}"], 2,
