@@ -12,14 +12,13 @@ same code without an upward import: ``train`` imports it, never the other way ro
 * :func:`check_output_target` / :func:`atomic_write` - the one writer of result files:
   temp file + fsync + rename, and never onto a FIFO, device, socket, directory or
   symlink (a rename would replace the special file by a regular one).
-* :class:`StrictInt` / :class:`StrictFloat` - click parameter types that accept ASCII
-  digits only (Python's ``int()`` takes ``'²'``-like Unicode digits), finite numbers and
-  bounded ranges.
+* :func:`parse_ascii_int` / :func:`parse_finite_float` - ASCII digits only (Python's ``int()``
+  takes ``'²'``-like Unicode digits), finite numbers, bounded ranges; the click types built on
+  them (``StrictInt``, ``harden_click``) are in ``launch.clicktypes``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re
@@ -113,85 +112,6 @@ def parse_finite_float(what: str, value: object) -> float:
     if not math.isfinite(value):
         raise InputError(f"{what}: must be a finite number, got {value}")
     return value
-
-
-@functools.lru_cache(maxsize=1)
-def _click_types():
-    import click
-
-    class StrictInt(click.ParamType):
-        """ASCII digits, optional bounds; a bad value is a usage error (exit 2)."""
-
-        name = "integer"
-
-        def __init__(self, minimum: int | None = None, maximum: int | None = None):
-            self.minimum, self.maximum = minimum, maximum
-
-        def convert(self, value, param, ctx):
-            try:
-                return parse_ascii_int(f"'{param.opts[0]}'" if param else "value", value, self.minimum, self.maximum)
-            except InputError as exc:
-                self.fail(str(exc).split(": ", 1)[-1], param, ctx)
-
-    class StrictFloat(click.ParamType):
-        name = "number"
-
-        def __init__(self, minimum: float | None = None):
-            self.minimum = minimum
-
-        def convert(self, value, param, ctx):
-            try:
-                number = parse_finite_float("value", value)
-            except InputError as exc:
-                self.fail(str(exc).split(": ", 1)[-1], param, ctx)
-            if self.minimum is not None and number < self.minimum:
-                self.fail(f"must be at least {self.minimum:g}, got {number:g}", param, ctx)
-            return number
-
-    class CleanPath(click.Path):
-        """click.Path refusing '' and control characters (a NUL makes ``os.stat`` raise), first."""
-
-        def convert(self, value, param, ctx):
-            if isinstance(value, str) and (not value or control_chars(value)):  # '' would become Path('.')
-                self.fail(f"{excerpt(value)}: control characters in a path" if value else "empty path", param, ctx)
-            return super().convert(value, param, ctx)
-
-    return StrictInt, StrictFloat, CleanPath
-
-
-def harden_click(command) -> None:
-    """Give every integer/float parameter of ``command`` (and its subcommands) the strict
-    types: a new ``type=int`` option is ASCII-only, bounded and finite by construction;
-    every ``click.Path`` refuses an empty name and control characters (NUL, newline)."""
-    import click
-
-    strict_int, strict_float, clean_path = _click_types()
-    commands = [command]
-    while commands:
-        cmd = commands.pop()
-        commands.extend(getattr(cmd, "commands", {}).values())
-        for param in cmd.params:
-            t = param.type
-            if isinstance(t, click.IntRange):
-                lo = None if t.min is None else t.min + (1 if t.min_open else 0)
-                hi = None if t.max is None else t.max - (1 if t.max_open else 0)
-                param.type = strict_int(lo, hi)
-            elif isinstance(t, click.types.IntParamType):
-                param.type = strict_int(-(2**63), 2**63 - 1)
-            elif isinstance(t, click.FloatRange):
-                param.type = strict_float(t.min)
-            elif isinstance(t, click.types.FloatParamType):
-                param.type = strict_float()
-            elif type(t) is click.Path:  # same settings, control characters refused first
-                t.__class__ = clean_path
-
-
-def __getattr__(name: str):  # click types built lazily: this module is imported without click too
-    if name in ("StrictInt", "StrictFloat"):
-        strict_int, strict_float, _ = _click_types()
-        globals().update(StrictInt=strict_int, StrictFloat=strict_float)
-        return globals()[name]
-    raise AttributeError(name)
 
 
 # --------------------------------------------------------------------------- YAML
