@@ -25,8 +25,8 @@ def T(id, what, argv, code, names, env=()):  # noqa: N802 - table shorthand
     return Case(id, "train", what, tuple(argv), code, names, tuple(env))
 
 
-def L(id, what, argv, code, names):  # noqa: N802
-    return Case(id, "launch", what, tuple(argv), code, names)
+def L(id, what, argv, code, names, env=()):  # noqa: N802
+    return Case(id, "launch", what, tuple(argv), code, names, tuple(env))
 
 
 TINY = ("--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
