@@ -118,7 +118,8 @@ def parse_finite_float(what: str, value: object) -> float:
 
 
 def read_bounded(path: Path, what: str, limit: int = MAX_YAML_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes (FIFOs/devices refused: no hang)."""
+    """The bytes of a regular file of at most ``limit`` bytes (FIFOs, devices and /proc, /sys
+    files refused: a read would block, /proc/kmsg as root, or return whatever the kernel makes)."""
     what = f"{what} " if what else ""
     try:
         st = os.stat(path)
@@ -128,6 +129,8 @@ def read_bounded(path: Path, what: str, limit: int = MAX_YAML_BYTES) -> bytes:
         raise InputError(f"{what}{excerpt(str(path))}: is a directory")
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{what}{excerpt(str(path))}: not a regular file")
+    if (real := canonical_path(os.path.realpath(path))).startswith(("/proc/", "/sys/")):  # /proc/kmsg blocks
+        raise InputError(f"{what}{excerpt(str(path))}: {excerpt(real)} is a kernel pseudo-file, not an input file")
     if st.st_size > limit:
         raise InputError(f"{what}{excerpt(str(path))}: {st.st_size} bytes, more than the {limit} allowed")
     try:

@@ -36,6 +36,8 @@ FILE_DATA = ("--set", "data.source=file")
 TRAIN_CASES = [
     # ---- train: configuration (exit 2, before any process group or tensor)
     T("yaml-malformed", "--config file with broken YAML", ["run", "--config", "{bad_yaml}"], 2, "malformed YAML line 3"),
+    T("yaml-proc-file", "--config naming a /proc file (/proc/kmsg: as root the read blocked forever)",
+      ["run", "--config", "/proc/self/status"], 2, "'/proc/self/status': '/proc/"),
     T("yaml-not-mapping", "--config file whose top level is a list", ["run", "--config", "{list_yaml}"], 2,
       "top level must be a mapping"),
     T("yaml-python-tag", "YAML with !!python/object/apply:os.system (code execution attempt)",
@@ -325,6 +327,8 @@ TRAIN_CASES = [
     T("bench-grid-bad-point", "bench grid whose point is an invalid config", ["bench", "step", "--seq", "100000"], 2,
       "train.seq_len: 100000 is longer"),
     T("bench-plan-bomb", "bench --plan alias bomb", ["bench", "step", "--plan", "{bomb_yaml}"], 2, "alias bomb"),
+    T("bench-plan-sys-file", "bench --plan naming a /sys file", ["bench", "step", "--plan", "/sys/kernel/uevent_seqnum"],
+      2, "is a kernel pseudo-file"),
     T("bench-plan-mapping", "bench --plan that is not a list", ["bench", "step", "--plan", "{unknown_key_yaml}"], 2,
       "expected a YAML list of mappings"),
     T("bench-steps-zero", "bench --steps 0", ["bench", "step", "--steps", "0"], 2, "--steps must be >= 1"),
