@@ -397,6 +397,8 @@ TRAIN_CASES = [
     T("bench-comm-dtype-trailing-comma", "bench comm --dtype 'bf16,'", ["bench", "comm", "--dtype", "bf16,"], 2,
       "--dtype 'bf16,': an empty item in the list"),
     # ---- train: data files (bad input: exit 2, found when the data is opened)
+    T("data-name-too-long", "data.path with a name too long for the file system (was an OSError traceback)",
+      ["run", *FILE_DATA, "--set", "data.path=" + "t" * 300 + ".bin", *TINY], 2, "data.path: token file 'ttt"),
     T("data-missing", "data.path that does not exist", ["run", *FILE_DATA, "--set", "data.path={tmp}/none.bin", *TINY],
       2, "data.path: token file {tmp}/none.bin does not exist"),
     T("data-truncated", "token file cut mid-token", ["run", *FILE_DATA, "--set", "data.path={truncated_bin}", *TINY],
