@@ -97,16 +97,23 @@ def available(kind: str) -> dict[str, Path]:
     """Name -> file for ``kind`` in ("profiles", "fabrics"); earlier directories win."""
     found: dict[str, Path] = {}
     for directory in _search_dirs(kind):
-        if directory.is_dir():
-            for path in sorted(directory.glob("*.yaml")):
+        try:
+            for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else ():
                 found.setdefault(path.stem, path)
+        except OSError as exc:  # a name too long, a directory that cannot be listed...
+            env_var = PROFILE_PATH_ENV if kind == "profiles" else FABRIC_PATH_ENV
+            raise SpecError(f"environment {env_var}: directory {excerpt(str(directory))}: cannot read "
+                            f"({exc.strerror or type(exc).__name__})") from None
     return dict(sorted(found.items()))
 
 
 def _resolve(kind: str, name: str) -> Path:
     singular = kind[:-1]
-    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
-        return Path(name)
+    try:
+        if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+            return Path(name)
+    except OSError as exc:  # a name too long for the file system (is_file raises, not False)
+        raise SpecError(f"--{singular} {excerpt(name)}: cannot read ({exc.strerror})") from None
     known = available(kind)
     if name not in known:
         raise SpecError(f"unknown {singular} {name!r} (known: {', '.join(known) or 'none'})")

@@ -1,6 +1,6 @@
 """``launch``: describe a training job once, get launchers that fit the hardware.
 
-Only click and the leaf modules ``defaults``, ``errors`` and ``safety`` are imported at
+Only click and the leaf modules ``defaults``, ``errors``, ``safety`` and ``clicktypes`` are imported at
 start-up; the spec, Jinja, YAML and the backends (``launch.backends``) load inside the
 commands, so ``launch --help`` stays fast and torch is never imported.
 """
@@ -13,7 +13,8 @@ import click
 
 from launch import defaults
 from launch.errors import InputError, SpecError
-from launch.safety import StrictFloat, StrictInt, harden_click, one_line
+from launch.clicktypes import StrictFloat, StrictInt, harden_click
+from launch.safety import one_line
 
 PROG = "launch"
 _ARGV: list[str] = []  # the invocation, echoed into the generated files' header

@@ -12,14 +12,13 @@ same code without an upward import: ``train`` imports it, never the other way ro
 * :func:`check_output_target` / :func:`atomic_write` - the one writer of result files:
   temp file + fsync + rename, and never onto a FIFO, device, socket, directory or
   symlink (a rename would replace the special file by a regular one).
-* :class:`StrictInt` / :class:`StrictFloat` - click parameter types that accept ASCII
-  digits only (Python's ``int()`` takes ``'²'``-like Unicode digits), finite numbers and
-  bounded ranges.
+* :func:`parse_ascii_int` / :func:`parse_finite_float` - ASCII digits only (Python's ``int()``
+  takes ``'²'``-like Unicode digits), finite numbers, bounded ranges; the click types built on
+  them (``StrictInt``, ``harden_click``) are in ``launch.clicktypes``.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re
@@ -36,8 +35,6 @@ MAX_YAML_NODES = 20_000  # nodes after alias expansion
 MAX_YAML_EXPANDED_CHARS = 4 << 20  # scalar text after alias expansion
 EXCERPT_CHARS = 80
 MESSAGE_CHARS = 600
-
-
 
 
 # --------------------------------------------------------------------------- messages
@@ -117,90 +114,12 @@ def parse_finite_float(what: str, value: object) -> float:
     return value
 
 
-@functools.lru_cache(maxsize=1)
-def _click_types():
-    import click
-
-    class StrictInt(click.ParamType):
-        """ASCII digits, optional bounds; a bad value is a usage error (exit 2)."""
-
-        name = "integer"
-
-        def __init__(self, minimum: int | None = None, maximum: int | None = None):
-            self.minimum, self.maximum = minimum, maximum
-
-        def convert(self, value, param, ctx):
-            try:
-                return parse_ascii_int(f"'{param.opts[0]}'" if param else "value", value, self.minimum, self.maximum)
-            except InputError as exc:
-                self.fail(str(exc).split(": ", 1)[-1], param, ctx)
-
-    class StrictFloat(click.ParamType):
-        name = "number"
-
-        def __init__(self, minimum: float | None = None):
-            self.minimum = minimum
-
-        def convert(self, value, param, ctx):
-            try:
-                number = parse_finite_float("value", value)
-            except InputError as exc:
-                self.fail(str(exc).split(": ", 1)[-1], param, ctx)
-            if self.minimum is not None and number < self.minimum:
-                self.fail(f"must be at least {self.minimum:g}, got {number:g}", param, ctx)
-            return number
-
-    class CleanPath(click.Path):
-        """click.Path refusing '' and control characters (a NUL makes ``os.stat`` raise), first."""
-
-        def convert(self, value, param, ctx):
-            if isinstance(value, str) and (not value or control_chars(value)):  # '' would become Path('.')
-                self.fail(f"{excerpt(value)}: control characters in a path" if value else "empty path", param, ctx)
-            return super().convert(value, param, ctx)
-
-    return StrictInt, StrictFloat, CleanPath
-
-
-def harden_click(command) -> None:
-    """Give every integer/float parameter of ``command`` (and its subcommands) the strict
-    types: a new ``type=int`` option is ASCII-only, bounded and finite by construction;
-    every ``click.Path`` refuses an empty name and control characters (NUL, newline)."""
-    import click
-
-    strict_int, strict_float, clean_path = _click_types()
-    commands = [command]
-    while commands:
-        cmd = commands.pop()
-        commands.extend(getattr(cmd, "commands", {}).values())
-        for param in cmd.params:
-            t = param.type
-            if isinstance(t, click.IntRange):
-                lo = None if t.min is None else t.min + (1 if t.min_open else 0)
-                hi = None if t.max is None else t.max - (1 if t.max_open else 0)
-                param.type = strict_int(lo, hi)
-            elif isinstance(t, click.types.IntParamType):
-                param.type = strict_int(-(2**63), 2**63 - 1)
-            elif isinstance(t, click.FloatRange):
-                param.type = strict_float(t.min)
-            elif isinstance(t, click.types.FloatParamType):
-                param.type = strict_float()
-            elif type(t) is click.Path:  # same settings, control characters refused first
-                t.__class__ = clean_path
-
-
-def __getattr__(name: str):  # click types built lazily: this module is imported without click too
-    if name in ("StrictInt", "StrictFloat"):
-        strict_int, strict_float, _ = _click_types()
-        globals().update(StrictInt=strict_int, StrictFloat=strict_float)
-        return globals()[name]
-    raise AttributeError(name)
-
-
 # --------------------------------------------------------------------------- YAML
 
 
 def read_bounded(path: Path, what: str, limit: int = MAX_YAML_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes (FIFOs/devices refused: no hang)."""
+    """The bytes of a regular file of at most ``limit`` bytes (FIFOs, devices and /proc, /sys
+    files refused: a read would block, /proc/kmsg as root, or return whatever the kernel makes)."""
     what = f"{what} " if what else ""
     try:
         st = os.stat(path)
@@ -210,6 +129,8 @@ def read_bounded(path: Path, what: str, limit: int = MAX_YAML_BYTES) -> bytes:
         raise InputError(f"{what}{excerpt(str(path))}: is a directory")
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{what}{excerpt(str(path))}: not a regular file")
+    if (real := canonical_path(os.path.realpath(path))).startswith(("/proc/", "/sys/")):  # /proc/kmsg blocks
+        raise InputError(f"{what}{excerpt(str(path))}: {excerpt(real)} is a kernel pseudo-file, not an input file")
     if st.st_size > limit:
         raise InputError(f"{what}{excerpt(str(path))}: {st.st_size} bytes, more than the {limit} allowed")
     try:
@@ -358,9 +279,8 @@ RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "
 
 
 def canonical_path(path: str) -> str:
-    """``path`` (absolute, POSIX) without ``.``, ``..``, repeated or trailing slashes. POSIX
-    ``normpath`` keeps a leading ``//`` (implementation-defined there, the root on Linux),
-    so ``//etc`` would not compare equal to ``/etc``: every leading slash run becomes one."""
+    """``path`` (absolute, POSIX) without ``.``, ``..``, repeated or trailing slashes; POSIX ``normpath``
+    keeps a leading ``//`` (the root on Linux, but not equal to ``/etc`` as ``//etc``): one slash."""
     import posixpath
 
     norm = posixpath.normpath(path)
@@ -375,19 +295,21 @@ def reserved_path(path: str) -> bool:
 
 
 def reserved_local_path(path: str | os.PathLike) -> bool:
-    """A path of this machine that is, or resolves through symbolic links to, a reserved
-    path (``--out link-to-etc``): the directory that would really be written."""
+    """A local path that is, or resolves through symbolic links to, a reserved path (``--out link-to-etc``)."""
     return reserved_path(os.path.realpath(os.fspath(path)))
 
 
+def system_directory(path: str | os.PathLike) -> bool:
+    """``path`` resolves to ``/`` or into /etc, /usr, /dev, /proc...: no file is written there."""
+    norm = canonical_path(os.path.realpath(os.fspath(path)))
+    return norm == "/" or any(f"{norm}/".startswith(tree + "/") for tree in RESERVED_TREES)
+
 
 def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
-    """Refuse a target that an atomic rename would destroy or that cannot be written.
-
-    Allowed: a missing file in an existing directory, or an existing regular file.
-    Refused: directories, symlinks (the rename would replace the link, not its target),
-    FIFOs, character/block devices and sockets (``-o /dev/null`` as root would replace
-    /dev/null with a regular file)."""
+    """Refuse a target that an atomic rename would destroy or that cannot be written: allowed
+    are a missing file in an existing directory, or an existing regular file. Refused: directories,
+    symlinks (the rename would replace the link, not its target), FIFOs, character/block devices and
+    sockets (``-o /dev/null`` as root would replace /dev/null), any file in ``/`` or a system tree."""
     text = os.fspath(path)
     if text == "":
         raise InputError(f"{what}: empty file name")
@@ -415,6 +337,8 @@ def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
     parent = p.parent
     if not parent.is_dir():
         raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} does not exist")
+    if system_directory(parent):  # as root a rename there replaces /etc/passwd, /usr/bin/bash...
+        raise InputError(f"{what} {shown}: {excerpt(os.path.realpath(parent))} is a system directory; write elsewhere")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} is not writable")
     return p

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from launch.errors import InputError
-from launch.safety import StrictInt, harden_click
+from launch.clicktypes import StrictInt, harden_click
 from train.config import SEED_MAX
 from train.console import fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError

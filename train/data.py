@@ -99,9 +99,13 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
     (plus the tell-tale zero high halves of uint32 data declared uint16). Every batch is
     checked again when it is read (``TokenLoader``), so no id >= vocab_size is trained on."""
     meta_path = path.with_suffix(".json")
-    if not path.is_file():
+    try:  # is_file raises (not False) for a name too long for the file system
+        found = path.is_file(), meta_path.is_file()
+    except OSError as exc:
+        raise DataError(f"data.path: token file {excerpt(str(path))}: {exc.strerror}") from None
+    if not found[0]:
         raise DataError(f"data.path: token file {path} does not exist")
-    if not meta_path.is_file():
+    if not found[1]:
         raise DataError(f"data.path: metadata {meta_path} is missing (needs dtype and vocab_size)")
     try:
         meta = json.loads(read_bounded(meta_path, "data.path: metadata", 1 << 16).decode("utf-8"))

@@ -52,6 +52,7 @@ def check_out_dir(out, what: str = "--out") -> Path:
     text = os.fspath(out)
     if not text.strip():
         raise ConfigError(f"{what}: empty directory name")
+    _check_name(what, text)  # before realpath: a NUL makes it raise
     if reserved_local_path(text):
         raise ConfigError(f"{what} {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
                           "be a run directory")
@@ -89,11 +90,15 @@ def inside_other_run(path: str) -> str | None:
     return None
 
 
+def _check_name(what: str, text: str) -> None:
+    if control_chars(text):
+        raise ConfigError(f"{what} {excerpt(text)}: control characters in a directory name")
+
+
 def check_dir(what: str, text: str) -> Path:
     """A directory that exists or can be created: no control characters, no file or
     dangling link on the way, a writable existing ancestor."""
-    if control_chars(text):
-        raise ConfigError(f"{what} {excerpt(text)}: control characters in a directory name")
+    _check_name(what, text)
     out = Path(text)
     try:
         if out.is_symlink() and not out.is_dir():
@@ -189,6 +194,8 @@ def check_data(job: JobConfig) -> None:
     if job.data.source == "embedded" and job.data.cache_dir:
         check_not_in_other_run(f"data.cache_dir {excerpt(job.data.cache_dir)}", job.data.cache_dir)
         check_dir("data.cache_dir", job.data.cache_dir)
+    elif job.data.source == "embedded" or (job.parallel.compile and not os.environ.get("TORCHINDUCTOR_CACHE_DIR")):
+        _check_default_cache_dir()
     if job.data.source != "file":
         return
     from train.data import open_token_file
@@ -197,6 +204,19 @@ def check_data(job: JobConfig) -> None:
     _, vocab = open_token_file(Path(job.data.path))
     if vocab > job.model.vocab_size:
         raise DataError(f"model.vocab_size: {job.model.vocab_size} is smaller than the data's vocabulary ({vocab})")
+
+
+def _check_default_cache_dir() -> None:
+    """The cache the environment chose (``$XDG_CACHE_HOME/hopper-train``, ``~/.cache/hopper-train``:
+    the embedded corpus, Inductor's kernels) meets ``data.cache_dir``'s rules before it is created."""
+    from train.paths import default_cache_dir, default_cache_origin
+
+    text = str(default_cache_dir())
+    what = f"data.cache_dir (default, from environment {default_cache_origin()})"
+    if reserved_local_path(text):
+        raise ConfigError(f"{what} {excerpt(text)} is a system directory; set data.cache_dir")
+    check_not_in_other_run(f"{what} {excerpt(text)}", text)
+    check_dir(what, text)
 
 
 # What a run writes into its own directory: a metrics file must never be one of them.

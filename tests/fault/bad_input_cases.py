@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bad_input_data import DATA_CASES, SET_BOMB
+
 
 @dataclass(frozen=True)
 class Case:
@@ -23,46 +25,8 @@ def T(id, what, argv, code, names, env=()):  # noqa: N802 - table shorthand
     return Case(id, "train", what, tuple(argv), code, names, tuple(env))
 
 
-def L(id, what, argv, code, names):  # noqa: N802
-    return Case(id, "launch", what, tuple(argv), code, names)
-
-
-# Token files checked at load: (hostile input, the error names, token bytes, metadata text).
-_U16 = "<u2"
-DATA_FILES = [
-    ("uint32 tokens declared uint16 (no num_tokens)", "looks like uint32 data declared as uint16",
-     ("<u4", [i % 200 + 1 for i in range(3000)]), '{"dtype": "uint16", "vocab_size": 256}'),
-    ("uint32 tokens declared uint16 with num_tokens", "written as uint32?",
-     ("<u4", [i % 200 for i in range(3000)]), '{"dtype": "uint16", "vocab_size": 256, "num_tokens": 3000}'),
-    ("token id >= vocab_size inside the file", "token id 300 at token 1500 is not below vocab_size=256",
-     (_U16, [i % 200 for i in range(1500)] + [300] + [1] * 1499), '{"dtype": "uint16", "vocab_size": 256}'),
-    ("vocab_size as a string", "vocab_size must be an integer", (_U16, [1] * 3000),
-     '{"dtype": "uint16", "vocab_size": "256"}'),
-    ("vocab_size as a boolean", "vocab_size must be an integer", (_U16, [1] * 3000),
-     '{"dtype": "uint16", "vocab_size": true}'),
-    ("vocab_size 0", "vocab_size=0 is outside 1..65536", (_U16, [0] * 3000), '{"dtype": "uint16", "vocab_size": 0}'),
-    ("vocab_size beyond what uint16 holds", "vocab_size=70000 is outside 1..65536", (_U16, [1] * 3000),
-     '{"dtype": "uint16", "vocab_size": 70000}'),
-    ("vocab_size NaN", "vocab_size must be an integer", (_U16, [1] * 3000), '{"dtype": "uint16", "vocab_size": NaN}'),
-    ("dtype as a list", "dtype must be uint16 or uint32", (_U16, [1] * 3000),
-     '{"dtype": ["uint16"], "vocab_size": 256}'),
-    ("dtype float32", "dtype must be uint16 or uint32", (_U16, [1] * 3000), '{"dtype": "float32", "vocab_size": 256}'),
-    ("metadata not an object", "must be a JSON object", (_U16, [1] * 3000), '[1, 2]'),
-    ("num_tokens negative", "num_tokens=-1 is outside", (_U16, [1] * 3000),
-     '{"dtype": "uint16", "vocab_size": 256, "num_tokens": -1}'),
-    ("num_tokens larger than the file", "is truncated: 3000 uint16 tokens, metadata says 4000", (_U16, [1] * 3000),
-     '{"dtype": "uint16", "vocab_size": 256, "num_tokens": 4000}'),
-    ("metadata nested 20000 deep", "is not JSON", (_U16, [1] * 3000), "[" * 20000 + "]" * 20000),
-    ("metadata of 1 MiB", "more than the 65536 allowed", (_U16, [1] * 3000), '{"pad": "' + "x" * (1 << 20) + '"}'),
-    ("empty token file", "is empty", (_U16, []), '{"dtype": "uint16", "vocab_size": 256}'),
-    ("metadata missing vocab_size", "missing 'vocab_size'", (_U16, [1] * 3000), '{"dtype": "uint16"}'),
-]
-DATA_CASES = [(what, names) for what, names, _, _ in DATA_FILES]
-
-# YAML that must not hang or overflow: a billion-laughs alias bomb, 10 000-deep nesting, 2 MiB.
-BOMB_YAML = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
-SET_BOMB = "[" + ", ".join(f"&a{i} [" + ", ".join([f"*a{i - 1}" if i else "1"] * 9) + "]" for i in range(9)) + "]"
+def L(id, what, argv, code, names, env=()):  # noqa: N802
+    return Case(id, "launch", what, tuple(argv), code, names, tuple(env))
 
 
 TINY = ("--set", "model.dim=64", "--set", "model.n_layers=2", "--set", "train.seq_len=32",
@@ -72,6 +36,8 @@ FILE_DATA = ("--set", "data.source=file")
 TRAIN_CASES = [
     # ---- train: configuration (exit 2, before any process group or tensor)
     T("yaml-malformed", "--config file with broken YAML", ["run", "--config", "{bad_yaml}"], 2, "malformed YAML line 3"),
+    T("yaml-proc-file", "--config naming a /proc file (/proc/kmsg: as root the read blocked forever)",
+      ["run", "--config", "/proc/self/status"], 2, "'/proc/self/status': '/proc/"),
     T("yaml-not-mapping", "--config file whose top level is a list", ["run", "--config", "{list_yaml}"], 2,
       "top level must be a mapping"),
     T("yaml-python-tag", "YAML with !!python/object/apply:os.system (code execution attempt)",
@@ -121,6 +87,14 @@ TRAIN_CASES = [
     T("train-flight-recorder-zero", "--flight-recorder 0", ["run", "--flight-recorder", "0"], 2, "--flight-recorder"),
     T("out-is-file", "--out naming an existing file", ["run", "--out", "{afile}"], 2, "exists and is not a directory"),
     T("out-under-file", "--out below an existing file", ["run", "--out", "{afile}/sub"], 2, "{afile}"),
+    T("out-nul", "--out with a NUL byte (os.path.realpath raised ValueError)", ["run", "--out", "a\x00b"], 2,
+      "--out 'a\\x00b': control characters"),
+    T("cache-env-device", "XDG_CACHE_HOME=/dev/null (the default data.cache_dir; mkdir failed at run time, exit 1)",
+      ["run", *TINY], 2, "data.cache_dir (default, from environment XDG_CACHE_HOME) '/dev/null/hopper-train'",
+      env=[("XDG_CACHE_HOME", "/dev/null")]),
+    T("cache-env-system", "HOME=/etc: the default cache would be made in /etc before the write was refused",
+      ["run", *TINY], 2, "from environment HOME) '/etc/.cache/hopper-train' is a system directory",
+      env=[("HOME", "/etc"), ("XDG_CACHE_HOME", "")]),
     # ---- train: hostile YAML (bounded size, depth, alias expansion; no hang, no RecursionError)
     T("yaml-alias-bomb", "--config with a billion-laughs alias bomb", ["run", "--config", "{bomb_yaml}"], 2,
       "alias bomb"),
@@ -353,11 +327,21 @@ TRAIN_CASES = [
     T("bench-grid-bad-point", "bench grid whose point is an invalid config", ["bench", "step", "--seq", "100000"], 2,
       "train.seq_len: 100000 is longer"),
     T("bench-plan-bomb", "bench --plan alias bomb", ["bench", "step", "--plan", "{bomb_yaml}"], 2, "alias bomb"),
+    T("bench-plan-sys-file", "bench --plan naming a /sys file", ["bench", "step", "--plan", "/sys/kernel/uevent_seqnum"],
+      2, "is a kernel pseudo-file"),
     T("bench-plan-mapping", "bench --plan that is not a list", ["bench", "step", "--plan", "{unknown_key_yaml}"], 2,
       "expected a YAML list of mappings"),
     T("bench-steps-zero", "bench --steps 0", ["bench", "step", "--steps", "0"], 2, "--steps must be >= 1"),
     T("bench-out-nul", "bench step --out with a NUL byte", ["bench", "step", "--out", "a\x00b"], 2,
       "control characters in a path"),
+    T("bench-apply-fifo", "bench comm --apply naming a FIFO (read only after the bench: it hung there)",
+      ["bench", "comm", "--apply", "{fifo}"], 2, "--apply '{fifo}': is a FIFO"),
+    T("bench-apply-not-mapping", "bench comm --apply YAML whose top level is a list (found after the bench)",
+      ["bench", "comm", "--apply", "{list_yaml}"], 2, "--apply '{list_yaml}': top level must be a mapping"),
+    T("preflight-json-too-long", "preflight --json with a name too long for the file system (OSError traceback)",
+      ["preflight", "--json", "j" * 300 + ".json"], 2, "--json 'jjj"),
+    T("preflight-json-no-dir", "preflight --json in a missing directory (found only after the measurement)",
+      ["preflight", "--json", "{tmp}/nodir/p.json"], 2, "directory '{tmp}/nodir' does not exist"),
     T("preflight-json-newline", "preflight --json with a newline", ["preflight", "--json", "{tmp}/a\nb.json"], 2,
       "control characters in a path"),
     T("bench-comm-size-unicode", "bench comm size in Arabic-Indic digits", ["bench", "comm", "--max-bytes",
@@ -417,6 +401,8 @@ TRAIN_CASES = [
     T("bench-comm-dtype-trailing-comma", "bench comm --dtype 'bf16,'", ["bench", "comm", "--dtype", "bf16,"], 2,
       "--dtype 'bf16,': an empty item in the list"),
     # ---- train: data files (bad input: exit 2, found when the data is opened)
+    T("data-name-too-long", "data.path with a name too long for the file system (was an OSError traceback)",
+      ["run", *FILE_DATA, "--set", "data.path=" + "t" * 300 + ".bin", *TINY], 2, "data.path: token file 'ttt"),
     T("data-missing", "data.path that does not exist", ["run", *FILE_DATA, "--set", "data.path={tmp}/none.bin", *TINY],
       2, "data.path: token file {tmp}/none.bin does not exist"),
     T("data-truncated", "token file cut mid-token", ["run", *FILE_DATA, "--set", "data.path={truncated_bin}", *TINY],

@@ -13,7 +13,8 @@ import signal
 import stat
 from pathlib import Path
 
-from bad_input_cases import BOMB_YAML, DATA_FILES, Case
+from bad_input_cases import Case
+from bad_input_data import BOMB_YAML, DATA_FILES
 
 CASE_TIMEOUT_S = 60  # per case: a hang (alias bomb, FIFO read, peers that never come) fails the case
 

@@ -136,6 +136,8 @@ def test_launch_rejects(case, tmp_path, capsys, monkeypatch):
     paths = fixtures(tmp_path)
     argv, names = resolve(case, paths)
     monkeypatch.chdir(tmp_path)
+    for name, value in case.env:
+        monkeypatch.setenv(name, value)
     before = snapshot(tmp_path)
     with deadline(CASE_TIMEOUT_S):
         code = main(argv)

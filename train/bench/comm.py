@@ -294,8 +294,10 @@ def _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iter
         raise ValueError("--recommend needs all_reduce in --ops (and no --impl)")
     if (tflops is not None and tflops <= 0) or (tokens_per_gpu is not None and tokens_per_gpu <= 0):
         raise ValueError("--tflops and --tokens-per-gpu must be > 0")
-    if apply_path is not None and apply_path.is_dir():
-        raise ValueError(f"--apply {apply_path}: is a directory")
+    if apply_path is not None:  # a config the bench could not write is refused before the bench
+        from train.comm.advice import read_apply_target
+
+        read_apply_target(apply_path)
     from train.preflight import world_size_from_env
 
     if world_size_from_env() < 2:

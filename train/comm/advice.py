@@ -120,6 +120,29 @@ def table_markdown(world: int = 2, tflops: float = REF_TFLOPS, tokens: int = REF
     return "\n".join(lines)
 
 
+def read_apply_target(path) -> dict:
+    """The YAML config ``--apply`` rewrites ({} when missing), checked before the benchmark runs:
+    a file ``atomic_write`` may replace (no FIFO, link, directory, system directory), read by
+    the bounded loader (no hang, no alias bomb), a mapping whose ``comm`` is a mapping."""
+    from pathlib import Path
+
+    from launch.errors import InputError
+    from launch.safety import check_output_target, excerpt, load_yaml_file
+    from train.errors import ConfigError
+
+    try:
+        path = check_output_target(Path(path), "--apply")
+        data = load_yaml_file(path, "--apply") if path.exists() else None
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--apply {excerpt(str(path))}: top level must be a mapping")
+    if not isinstance(data.get("comm") or {}, dict):
+        raise ConfigError(f"--apply {excerpt(str(path))}: comm: expected a mapping")
+    return data
+
+
 def apply_to_config(path, advice: Advice) -> None:
     """Write the recommended ``comm.*`` keys into the YAML config ``path`` (created if
     missing; other keys kept). Validated through ``load_config`` before anything is
@@ -133,14 +156,7 @@ def apply_to_config(path, advice: Advice) -> None:
     from train.errors import ConfigError
 
     path = Path(path)
-    data: dict = {}
-    if path.exists():
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--apply {path}: not a readable YAML config ({type(exc).__name__})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"--apply {path}: top level must be a mapping")
+    data = read_apply_target(path)
     comm = {k: v for k, v in (data.get("comm") or {}).items() if not k.startswith(("powersgd", "localsgd", "topk"))}
     for o in advice.overrides:
         key, _, value = o.partition("=")
