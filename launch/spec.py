@@ -381,12 +381,18 @@ def parse_debug(level: str | None, subsys: str | None, fr_entries: int | None) -
 SAFE_TOKEN = re.compile(r"[A-Za-z0-9=^_.,:/+@-]+")
 
 
+# Slurm partition/account/GRES names and NCCL device lists (mlx5_0:1,... for 18 NICs is ~200)
+MAX_TOKEN_CHARS = 1024
+
+
 def parse_safe_token(option: str, value: str | None) -> str | None:
     """Values that end up in line-oriented places (#SBATCH lines, NCCL device lists)."""
     if value is None:
         return None
+    if len(value) > MAX_TOKEN_CHARS:
+        raise SpecError(f"{option} {excerpt(value)}: {len(value)} characters, more than {MAX_TOKEN_CHARS}")
     if not SAFE_TOKEN.fullmatch(value):
-        raise SpecError(f"{option} {value!r}: only letters, digits and =^_.,:/+@- are allowed")
+        raise SpecError(f"{option} {excerpt(value)}: only letters, digits and =^_.,:/+@- are allowed")
     return value
 
 

@@ -258,6 +258,8 @@ LAUNCH_CASES = [
       ["slurm", "--nnodes", "2", "--fabric", "infiniband", "--rdzv-endpoint", "10.0.0"], 2, "--rdzv-endpoint '10.0.0'"),
     L("image-registry-numeric", "--image from registry 300.1.1.1:5000", ["docker", "--image", "300.1.1.1:5000/img"], 2,
       "the registry is not a valid host name"),
+    L("partition-huge", "slurm --partition of 100000 characters", ["slurm", "--partition", "p" * 100000], 2,
+      "characters, more than 1024"),
     L("gid-index-huge", "--ib-gid-index 9999", ["env", "--ib-gid-index", "9999"], 2, "a GID table index 0..255"),
     L("endpoint-port-zero", "--rdzv-endpoint HOST:0", ["torchrun", "--nnodes", "2", "--fabric", "infiniband",
                                                        "--rdzv-endpoint", "h:0"], 2, "port 0 is outside 1..65535"),
