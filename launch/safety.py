@@ -34,6 +34,7 @@ MAX_YAML_DEPTH = 32  # nesting of mappings/sequences
 MAX_YAML_NODES = 20_000  # nodes after alias expansion
 MAX_YAML_EXPANDED_CHARS = 4 << 20  # scalar text after alias expansion
 EXCERPT_CHARS = 80
+NAME_MAX = 255  # bytes in one path component (Linux file systems)
 MESSAGE_CHARS = 600
 
 
@@ -92,6 +93,9 @@ def probe_path(path: str | os.PathLike, what: str) -> os.stat_result | None:
     text = os.fspath(path)
     if "\0" in text:
         raise InputError(f"{what} {excerpt(text)}: control characters in a path")
+    longest = max((len(os.fsencode(part)) for part in text.split(os.sep)), default=0)
+    if longest > NAME_MAX:  # also below a directory still to be created (stat says ENOENT there)
+        raise InputError(f"{what} {excerpt(text)}: File name too long (a name of {longest} bytes, at most {NAME_MAX})")
     try:
         return os.stat(text)
     except (FileNotFoundError, NotADirectoryError):

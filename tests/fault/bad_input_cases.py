@@ -277,6 +277,9 @@ TRAIN_CASES = [
     T("resume-checkpoints-file", "--resume where checkpoints is a regular file (the first save would fail)",
       ["run", "--resume", "--set", "data.source=synthetic", *TINY, "--out", "{ckfile_run}"], 2,
       "checkpoints is not a directory"),
+    T("prom-name-too-long", "metrics.prometheus_file with a name too long for the file system (found at the first "
+      "logged step, exit 1)", ["run", "--set", "data.source=synthetic", *TINY, "--out", "{tmp}/promrun", "--set",
+                               "metrics.prometheus_file=" + "p" * 300 + ".prom"], 2, "file name longer than 200"),
     T("resume-metrics-dir", "--resume where metrics.jsonl is a directory",
       ["run", "--resume", "--set", "data.source=synthetic", *TINY, "--out", "{metricsdir_run}"], 2,
       "metrics.jsonl is not a regular file"),
@@ -414,6 +417,10 @@ TRAIN_CASES = [
     # ---- train: data files (bad input: exit 2, found when the data is opened)
     T("data-name-too-long", "data.path with a name too long for the file system (was an OSError traceback)",
       ["run", *FILE_DATA, "--set", "data.path=" + "t" * 300 + ".bin", *TINY], 2, "data.path: token file 'ttt"),
+    T("data-tokenizer-too-long", "data.tokenizer with a name too long for the file system (exists() raised OSError)",
+      ["run", *FILE_DATA, "--set", "data.path={tokmeta_bin}", "--set", "data.tokenizer=" + "k" * 300, *TINY,
+       "--out", "{tmp}/tokrun"], 2,
+      "data.tokenizer 'kkk"),
     T("data-missing", "data.path that does not exist", ["run", *FILE_DATA, "--set", "data.path={tmp}/none.bin", *TINY],
       2, "data.path: token file {tmp}/none.bin does not exist"),
     T("data-truncated", "token file cut mid-token", ["run", *FILE_DATA, "--set", "data.path={truncated_bin}", *TINY],
