@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.safety import excerpt, file_kind, probe_path
+from launch.safety import canonical_path, excerpt, file_kind, probe_path
 from train.errors import PrepareError
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
@@ -95,6 +95,10 @@ def check_inputs(inputs: list[str]) -> None:
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             raise PrepareError(f"input {excerpt(item)}: is {file_kind(st.st_mode)}; only regular files and "
                                "directories are read")
+        real = canonical_path(os.path.realpath(item))
+        if real == "/" or real.startswith(("/proc/", "/sys/", "/dev/")) or real in ("/proc", "/sys", "/dev"):
+            raise PrepareError(f"input {excerpt(item)}: {excerpt(real)} is the root or a kernel file system, "
+                               "not a corpus")
 
 
 def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: int,
@@ -111,7 +115,11 @@ def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: 
         if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
             units += _arrow_units(_saved_dataset(item, path, split), arrow_rows)
             continue
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        try:
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        except OSError as exc:  # a directory that cannot be listed: it was blamed on --out (exit 1)
+            raise PrepareError(f"input {excerpt(item)}: cannot list {excerpt(str(exc.filename))} "
+                               f"({exc.strerror or type(exc).__name__})") from None
         found = 0
         for f in files:
             file_units = _file_units(f, chunk_bytes, arrow_rows)
