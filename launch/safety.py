@@ -34,6 +34,7 @@ MAX_YAML_DEPTH = 32  # nesting of mappings/sequences
 MAX_YAML_NODES = 20_000  # nodes after alias expansion
 MAX_YAML_EXPANDED_CHARS = 4 << 20  # scalar text after alias expansion
 EXCERPT_CHARS = 80
+NAME_MAX = 255  # bytes in one path component (Linux file systems)
 MESSAGE_CHARS = 600
 
 
@@ -81,6 +82,33 @@ def control_chars(text: str) -> str:
     """The first control character in ``text`` ("" when none): never part of a file name,
     path or name a job uses, and a line break in a one-line message."""
     return next((ch for ch in text if ord(ch) < 0x20 or ch in _CONTROL), "")
+
+
+def probe_path(path: str | os.PathLike, what: str) -> os.stat_result | None:
+    """``os.stat`` of a user-given path (``what`` names the option or key): None when nothing is
+    there. A name the file system refuses - a component over 255 bytes, a NUL, a symbolic-link
+    loop, no permission - is an InputError naming ``what``; ``Path.exists()``/``is_file()``
+    raise OSError(ENAMETOOLONG) for it instead of returning False. Check every user path here
+    once, at its entry point, before any other predicate sees it."""
+    text = os.fspath(path)
+    if "\0" in text:
+        raise InputError(f"{what} {excerpt(text)}: control characters in a path")
+    longest = max((len(os.fsencode(part)) for part in text.split(os.sep)), default=0)
+    if longest > NAME_MAX:  # also below a directory still to be created (stat says ENOENT there)
+        raise InputError(f"{what} {excerpt(text)}: File name too long (a name of {longest} bytes, at most {NAME_MAX})")
+    try:
+        return os.stat(text)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise InputError(f"{what} {excerpt(text)}: {exc.strerror or type(exc).__name__}") from None
+
+
+def file_kind(mode: int) -> str:
+    """'a FIFO', 'a character device'... for the mode of a file that is not regular."""
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a directory" if stat.S_ISDIR(mode) else "not a regular file")
 
 
 def parse_ascii_int(what: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -330,10 +358,7 @@ def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
         if stat.S_ISLNK(mode):
             raise InputError(f"{what} {shown}: is a symbolic link; give the real file name")
         if not stat.S_ISREG(mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
-                    else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
-                    else "not a regular file")
-            raise InputError(f"{what} {shown}: is {kind}; only regular files are written")
+            raise InputError(f"{what} {shown}: is {file_kind(mode)}; only regular files are written")
     parent = p.parent
     if not parent.is_dir():
         raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} does not exist")

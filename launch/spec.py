@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
-from launch.safety import control_chars, excerpt, reserved_path
+from launch.safety import NAME_MAX, control_chars, excerpt, reserved_path
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile
@@ -259,19 +259,29 @@ def parse_mount(value: str) -> Mount:
     return Mount(src, dst, read_only=len(parts) == 3 and parts[2] == "ro")
 
 
+def reject_long_names(option: str, path: str) -> str:
+    """No component of ``path`` over NAME_MAX (255) bytes: no Linux file system holds it, and the
+    rendered script would fail on every node only when it starts."""
+    longest = max((len(part.encode("utf-8", "surrogateescape")) for part in path.split("/")), default=0)
+    if longest > NAME_MAX:
+        raise SpecError(f"{option} {excerpt(path)}: a name of {longest} bytes in the path (at most {NAME_MAX})")
+    return path
+
+
 def check_path(option: str, path: str) -> str:
     reject_control_chars(option, path)
+    reject_long_names(option, path)
     if not path.startswith("/"):
-        raise SpecError(f"{option} {path!r}: must be an absolute path")
+        raise SpecError(f"{option} {excerpt(path)}: must be an absolute path")
     if "," in path or ":" in path:
-        raise SpecError(f"{option} {path!r}: ',' and ':' are not allowed in mount paths")
+        raise SpecError(f"{option} {excerpt(path)}: ',' and ':' are not allowed in mount paths")
     if any(part in (".", "..") for part in path.split("/")):
-        raise SpecError(f"{option} {path!r}: '.' and '..' components are not allowed")
+        raise SpecError(f"{option} {excerpt(path)}: '.' and '..' components are not allowed")
     if len(path) > 4096:
         raise SpecError(f"{option}: path longer than 4096 characters")
     if reserved_path(path):
         raise SpecError(
-            f"{option} {path!r}: a system directory (or /dev/shm, /proc...) cannot be mounted or used "
+            f"{option} {excerpt(path)}: a system directory (or /dev/shm, /proc...) cannot be mounted or used "
             "for checkpoints; use a directory of its own, e.g. /checkpoints or /data"
         )
     return path

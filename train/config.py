@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from launch.errors import InputError, YamlSyntaxError
-from launch.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float
+from launch.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float, probe_path
 from train.comm.config import CommConfig
 from train.errors import ConfigError
 from train.models.presets import MODEL_PRESETS, ModelConfig
@@ -332,15 +333,16 @@ def resolve_config_path(path: str | Path) -> Path:
     if not str(path).strip():
         raise ConfigError("--config: empty name (a YAML file or a preset name)")
     p = Path(path)
-    try:
-        if p.is_file():
-            return p
-    except OSError as exc:  # a name too long for the file system...
-        raise ConfigError(f"--config {excerpt(str(path))}: {exc.strerror}") from None
+    try:  # a name too long for the file system: one line (is_file() raised OSError)
+        st = probe_path(p, "--config")
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
+    if st is not None and stat.S_ISREG(st.st_mode):
+        return p
     preset = CONFIG_DIR / f"{path}.yaml"
-    if preset.is_file():
+    if "/" not in str(path) and preset.is_file():
         return preset
-    if p.exists():
+    if st is not None:
         raise ConfigError(f"--config {path}: is not a file")
     names = ", ".join(sorted(q.stem for q in CONFIG_DIR.glob("*.yaml")))
     raise ConfigError(f"--config {path}: no such file or preset (presets: {names})")

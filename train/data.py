@@ -18,6 +18,7 @@ The position (epoch, cursor) is saved in checkpoints.
 from __future__ import annotations
 
 import json
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from launch.errors import InputError
-from launch.safety import atomic_write, excerpt, read_bounded
+from launch.safety import atomic_write, excerpt, probe_path, read_bounded
 from train.errors import DataError
 from train.paths import default_cache_dir
 
@@ -167,7 +168,11 @@ def check_tokenizer(path: Path, expected: str) -> None:
         raise DataError(f"data.tokenizer={expected}: {meta_path} records no tokenizer (prepare the file with "
                         "`train data prepare`)")
     name, sha = str(tok.get("name", "")), str(tok.get("sha256", ""))
-    same_path = Path(expected).exists() and Path(name).exists() and Path(expected).resolve() == Path(name).resolve()
+    mine = probe_path(expected, "data.tokenizer")  # too long: exists() raised OSError
+    try:
+        same_path = mine is not None and os.path.samefile(expected, name)
+    except (OSError, ValueError):  # the recorded name is no path here (a Hub name, gone, too long)
+        same_path = False
     if expected == name or same_path or (len(expected) >= 8 and sha.startswith(expected.lower())):
         return
     raise DataError(f"data.tokenizer={expected}: {path} was prepared with tokenizer {name} (sha256 {sha[:12]})")

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from launch.errors import InputError
-from launch.safety import check_output_target, control_chars, excerpt, reserved_local_path
+from launch.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
 from train.errors import ConfigError
 from train.parallel.config import check_offload_device
@@ -223,6 +223,9 @@ def _check_default_cache_dir() -> None:
 RUN_OWNED = (*RUN_FILES, LOCK_NAME)
 
 
+PROM_NAME_MAX = 200  # + ".PID.THREAD-ID" of the temporary file: within the 255 bytes of a name
+
+
 def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     """``metrics.prometheus_file`` (rewritten at every logged step) names a ``*.prom`` file
     (what node_exporter's textfile collector reads) that is not the run's own, not in a
@@ -235,6 +238,8 @@ def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     path = Path(name) if os.path.isabs(name) else out_dir / name
     if not path.name.endswith(".prom") or path.name == ".prom":
         raise ConfigError(f"{shown}: expected a file name ending in .prom (the textfile collector's)")
+    if len(os.fsencode(path.name)) > PROM_NAME_MAX:  # prometheus_client writes NAME.PID.THREAD-ID beside it
+        raise ConfigError(f"{shown}: file name longer than {PROM_NAME_MAX} bytes")
     top = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir)).split(os.sep)[0]
     if top in RUN_OWNED or top.startswith(ASIDE_PREFIX):
         raise ConfigError(f"{shown}: inside the run's own {top}")
@@ -242,8 +247,9 @@ def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     if reserved_local_path(path):
         raise ConfigError(f"{shown}: inside a system directory")
     check_dir("metrics.prometheus_file", str(path.parent))
-    if os.path.lexists(path):
-        try:
+    try:
+        probe_path(path, "metrics.prometheus_file")  # a name too long: lexists() says False, the write fails late
+        if os.path.lexists(path):
             check_output_target(path, "metrics.prometheus_file")
-        except InputError as exc:
+    except InputError as exc:
             raise ConfigError(str(exc)) from None

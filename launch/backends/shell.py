@@ -16,7 +16,8 @@ from launch.commandline import (
 )
 from launch.errors import SpecError
 from launch.render import Shell, group_args, header_lines
-from launch.spec import JobSpec, reject_control_chars
+from launch.safety import excerpt
+from launch.spec import JobSpec, reject_control_chars, reject_long_names
 
 RDZV_ENDPOINT = Shell('"$rdzv_endpoint"')  # set by the script from --rdzv-endpoint or the node list
 
@@ -26,8 +27,9 @@ def parse_venv(value: str | None) -> str | None:
     if value is None:
         return None
     reject_control_chars("--venv", value)
+    reject_long_names("--venv", value)
     if not value.startswith("/") or ":" in value:
-        raise SpecError(f"--venv {value!r}: an absolute directory path without ':'")
+        raise SpecError(f"--venv {excerpt(value)}: an absolute directory path without ':'")
     return value.rstrip("/") or "/"
 
 

@@ -80,7 +80,10 @@ def _token_files(tmp: Path) -> dict[str, str]:
     np.arange(1000, dtype=np.uint16).tofile(tmp / "nometa.bin")
     np.arange(5000, dtype=np.uint16).tofile(tmp / "bigvocab.bin")
     (tmp / "bigvocab.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 50257}))
-    paths = {"truncated_bin": str(tmp / "truncated.bin"), "short_bin": str(tmp / "short.bin"),
+    (np.arange(5000) % 256).astype(np.uint16).tofile(tmp / "tokmeta.bin")
+    (tmp / "tokmeta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256, "num_tokens": 5000,
+                                                  "tokenizer": {"name": "gpt2", "sha256": "ab" * 32}}))
+    paths = {"tokmeta_bin": str(tmp / "tokmeta.bin"), "truncated_bin": str(tmp / "truncated.bin"), "short_bin": str(tmp / "short.bin"),
              "nometa_bin": str(tmp / "nometa.bin"), "bigvocab_bin": str(tmp / "bigvocab.bin")}
     for i, (_, _, (dtype, values), meta) in enumerate(DATA_FILES):
         np.asarray(values, dtype=dtype).tofile(tmp / f"data{i}.bin")

@@ -135,6 +135,10 @@ LAUNCH_CASES = [
     L("env-secret-clash-profile", "k8s --env-secret of a variable the profile sets",
       ["k8s", "--profile", "h100", "--env-secret", "OMP_NUM_THREADS=a:k"], 2, "OMP_NUM_THREADS is given twice"),
     # ---- launch: paths (no system directories, nothing over /dev/shm)
+    L("checkpoint-dir-name-too-long", "torchrun --checkpoint-dir with a 300-byte name (rendered; failed on every node)",
+      ["torchrun", "--checkpoint-dir", "/ckpt/" + "c" * 300], 2, "a name of 300 bytes in the path (at most 255)"),
+    L("venv-name-too-long", "torchrun --venv with a 300-byte name (rendered; failed on every node)",
+      ["torchrun", "--venv", "/opt/" + "v" * 300], 2, "--venv '/opt/vvv"),
     L("checkpoint-dir-shm", "k8s --checkpoint-dir /dev/shm (collides with the shm volume)",
       ["k8s", "--checkpoint-dir", "/dev/shm"], 2, "--checkpoint-dir '/dev/shm': a system directory"),
     L("checkpoint-dir-shm-sub", "k8s --checkpoint-dir /dev/shm/ckpt", ["k8s", "--checkpoint-dir", "/dev/shm/ckpt"], 2,

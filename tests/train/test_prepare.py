@@ -147,6 +147,9 @@ def test_bad_inputs_are_one_line_errors_and_nothing_is_overwritten(corpus, tmp_p
     pq.write_table(pa.table({"text": docs[:2]}), tmp_path / "p.parquet")
     assert "no column 'body'" in _one_error(train_cli(["data", "prepare", str(tmp_path / "p.parquet"), *tok,
                                                         "--out", str(tmp_path / "z.bin"), "--text-field", "body"]))
+    (tmp_path / "g.arrow").write_bytes(b"\xff" * 4000)  # was a pyarrow traceback
+    assert "not a readable Arrow stream" in _one_error(train_cli(["data", "prepare", str(tmp_path / "g.arrow"), *tok,
+                                                                  "--out", str(tmp_path / "g.bin")]))
     taken = tmp_path / "taken.bin"
     taken.write_bytes(b"precious")
     assert "exists" in _one_error(train_cli(["data", "prepare", str(good), *tok, "--out", str(taken)]))

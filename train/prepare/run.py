@@ -20,7 +20,7 @@ from launch.errors import InputError
 from launch.safety import atomic_write, check_output_target, excerpt, reserved_local_path
 from train.errors import ConfigError, PrepareError
 from train.prepare.tokenizer import load_tokenizer
-from train.prepare.units import Unit, plan_units
+from train.prepare.units import Unit, check_inputs, plan_units
 from train.prepare.worker import init_worker, tokenize_unit
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ def prepare(inputs: list[str], out: Path, tokenizer: str, *, workers: int = 0, t
     OUT.parts/ under the second (a traceback), or a preparation of other inputs replaced
     the token file the first had just finished."""
     _check_out(out)
+    check_inputs(inputs)
     from train.rundir import RunLock
 
     lock_name = f".{out.name}.lock" if shard is None else f".{out.name}.shard-{shard[0]}-of-{shard[1]}.lock"

@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from launch.safety import excerpt, file_kind, probe_path
 from train.errors import PrepareError
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -41,17 +43,21 @@ def _eos_from_config(directory: Path) -> str | None:
 
 def load_tokenizer(name: str, online: bool = False, eos: str | None = None) -> TokenizerSpec:
     """Resolve ``name`` to a fast tokenizer; raises PrepareError naming it."""
-    from tokenizers import Tokenizer
-
     path = Path(name)
     eos_text = None
-    if path.is_file():
+    st = probe_path(path, "--tokenizer")  # a name too long: one line, not an OSError from is_file()
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise PrepareError(f"--tokenizer {excerpt(name)}: is {file_kind(st.st_mode)}; give a tokenizer.json, "
+                           "a directory holding one, or a Hugging Face name")
+    from tokenizers import Tokenizer
+
+    if st is not None and stat.S_ISREG(st.st_mode):
         try:
             tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
             raise PrepareError(f"--tokenizer {name}: not a tokenizer.json file ({exc})") from None
         eos_text = _eos_from_config(path.parent)
-    elif path.is_dir() and (path / "tokenizer.json").is_file():
+    elif st is not None and (path / "tokenizer.json").is_file():
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
         eos_text = _eos_from_config(path)
     else:

@@ -5,10 +5,11 @@ file, a Parquet row group, a row range of an Arrow file (a saved ``datasets`` da
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.safety import excerpt
+from launch.safety import canonical_path, excerpt, file_kind, probe_path
 from train.errors import PrepareError
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
@@ -50,8 +51,11 @@ def _arrow_units(files: list[str], arrow_rows: int) -> list[Unit]:
 
     units = []
     for f in files:
-        with pa.memory_map(f, "r") as src:
-            rows = pa.ipc.open_stream(src).read_all().num_rows
+        try:
+            with pa.memory_map(f, "r") as src:
+                rows = pa.ipc.open_stream(src).read_all().num_rows
+        except (OSError, pa.ArrowException) as exc:
+            raise PrepareError(f"input {excerpt(f)}: not a readable Arrow stream file ({type(exc).__name__})") from None
         for start in range(0, rows, arrow_rows):
             units.append(Unit("arrow", f, start, min(start + arrow_rows, rows)))
     return units
@@ -76,24 +80,46 @@ def _dataset_files(ds, what: str, split: str | None) -> list[str]:
     return files
 
 
+def check_inputs(inputs: list[str]) -> None:
+    """Every local input names a regular file or a directory (checked before the tokenizer
+    loads): a name too long for the file system is one line (``exists()`` raised OSError), a
+    FIFO named a.txt is refused (reading it blocked forever), so are devices and sockets."""
+    for item in inputs:
+        if not item.strip():  # Path('') is the current directory: never what an empty name meant
+            raise PrepareError(f"input {excerpt(item)}: empty name")
+        if item.startswith("hf:"):
+            continue
+        st = probe_path(item, "input")
+        if st is None:
+            raise PrepareError(f"input {excerpt(item)}: no such file or directory")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise PrepareError(f"input {excerpt(item)}: is {file_kind(st.st_mode)}; only regular files and "
+                               "directories are read")
+        real = canonical_path(os.path.realpath(item))
+        if real == "/" or real.startswith(("/proc/", "/sys/", "/dev/")) or real in ("/proc", "/sys", "/dev"):
+            raise PrepareError(f"input {excerpt(item)}: {excerpt(real)} is the root or a kernel file system, "
+                               "not a corpus")
+
+
 def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: int,
                arrow_rows: int) -> list[Unit]:
     """Every input's units, in input order (files of a directory sorted); text/JSONL cut
     into ``chunk_bytes`` ranges, Arrow files into ``arrow_rows`` rows."""
     units: list[Unit] = []
     for item in inputs:
-        if not item.strip():  # Path('') is the current directory: never what an empty name meant
-            raise PrepareError(f"input {excerpt(item)}: empty name")
         if item.startswith("hf:"):
             units += _arrow_units(_hub_dataset(item, split, online), arrow_rows)
             continue
         path = Path(item)
-        if not path.exists():
-            raise PrepareError(f"input {item}: no such file or directory")
+        check_inputs([item])
         if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
             units += _arrow_units(_saved_dataset(item, path, split), arrow_rows)
             continue
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        try:
+            files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        except OSError as exc:  # a directory that cannot be listed: it was blamed on --out (exit 1)
+            raise PrepareError(f"input {excerpt(item)}: cannot list {excerpt(str(exc.filename))} "
+                               f"({exc.strerror or type(exc).__name__})") from None
         found = 0
         for f in files:
             file_units = _file_units(f, chunk_bytes, arrow_rows)
