@@ -25,7 +25,7 @@ def test_block_linears_become_te_linear_on_meta_with_unchanged_names():
     import transformer_engine.pytorch as te
 
     from train.config import load_config
-    from train.models.llama import Transformer
+    from train.models.llama import Output, Transformer
     from train.parallel.dims import ParallelDims
     from train.precision.fp8 import apply_float8
 
@@ -35,7 +35,7 @@ def test_block_linears_become_te_linear_on_meta_with_unchanged_names():
         model = apply_float8(Transformer(job.model), job.fp8, torch.device("cpu"), ParallelDims.from_job(job, 1))
     swapped = sorted(n for n, m in model.named_modules() if isinstance(m, te.Linear))
     assert len(swapped) == 10, swapped  # wq, wo, w1, w2, w3 in 2 blocks; wk/wv (32 -> 8) stay
-    assert type(model.output) is nn.Linear
+    assert type(model.output) is Output  # the output projection stays in high precision
     assert all(p.device.type == "meta" for p in model.parameters())
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
 
