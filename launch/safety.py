@@ -93,8 +93,7 @@ def probe_path(path: str | os.PathLike, what: str) -> os.stat_result | None:
     text = os.fspath(path)
     if "\0" in text:
         raise InputError(f"{what} {excerpt(text)}: control characters in a path")
-    longest = max((len(os.fsencode(part)) for part in text.split(os.sep)), default=0)
-    if longest > NAME_MAX:  # also below a directory still to be created (stat says ENOENT there)
+    if (longest := longest_name(text)) > NAME_MAX:  # also below a directory still to be created (stat says ENOENT there)
         raise InputError(f"{what} {excerpt(text)}: File name too long (a name of {longest} bytes, at most {NAME_MAX})")
     try:
         return os.stat(text)
@@ -102,6 +101,11 @@ def probe_path(path: str | os.PathLike, what: str) -> os.stat_result | None:
         return None
     except OSError as exc:
         raise InputError(f"{what} {excerpt(text)}: {exc.strerror or type(exc).__name__}") from None
+
+
+def longest_name(path: str) -> int:
+    """Bytes of the longest component of ``path`` (what the file system holds at most NAME_MAX of)."""
+    return max((len(os.fsencode(part)) for part in path.split("/")), default=0)
 
 
 def file_kind(mode: int) -> str:
@@ -157,7 +161,7 @@ def read_bounded(path: Path, what: str, limit: int = MAX_YAML_BYTES) -> bytes:
         raise InputError(f"{what}{excerpt(str(path))}: is a directory")
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{what}{excerpt(str(path))}: not a regular file")
-    if (real := canonical_path(os.path.realpath(path))).startswith(("/proc/", "/sys/")):  # /proc/kmsg blocks
+    if within(real := resolved(path), KERNEL_TREES):  # /proc/kmsg blocks
         raise InputError(f"{what}{excerpt(str(path))}: {excerpt(real)} is a kernel pseudo-file, not an input file")
     if st.st_size > limit:
         raise InputError(f"{what}{excerpt(str(path))}: {st.st_size} bytes, more than the {limit} allowed")
@@ -306,6 +310,10 @@ RESERVED_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "
                   "/sbin", "/sys", "/usr", "/var/run", "/var/lib/docker", "/var/lib/containers")
 
 
+# Kernel pseudo-file systems: a read may block (/proc/kmsg as root) or return whatever the kernel makes.
+KERNEL_TREES = ("/proc", "/sys")
+
+
 def canonical_path(path: str) -> str:
     """``path`` (absolute, POSIX) without ``.``, ``..``, repeated or trailing slashes; POSIX ``normpath``
     keeps a leading ``//`` (the root on Linux, but not equal to ``/etc`` as ``//etc``): one slash."""
@@ -327,10 +335,20 @@ def reserved_local_path(path: str | os.PathLike) -> bool:
     return reserved_path(os.path.realpath(os.fspath(path)))
 
 
+def resolved(path: str | os.PathLike) -> str:
+    """The canonical path that ``path`` names on this machine, symbolic links followed."""
+    return canonical_path(os.path.realpath(os.fspath(path)))
+
+
+def within(norm: str, trees: tuple[str, ...]) -> bool:
+    """The canonical path ``norm`` is one of ``trees`` or inside one."""
+    return any(f"{norm}/".startswith(tree + "/") for tree in trees)
+
+
 def system_directory(path: str | os.PathLike) -> bool:
     """``path`` resolves to ``/`` or into /etc, /usr, /dev, /proc...: no file is written there."""
-    norm = canonical_path(os.path.realpath(os.fspath(path)))
-    return norm == "/" or any(f"{norm}/".startswith(tree + "/") for tree in RESERVED_TREES)
+    norm = resolved(path)
+    return norm == "/" or within(norm, RESERVED_TREES)
 
 
 def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:

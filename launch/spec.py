@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
-from launch.safety import NAME_MAX, control_chars, excerpt, reserved_path
+from launch.safety import NAME_MAX, control_chars, excerpt, longest_name, reserved_path
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile
@@ -262,8 +262,7 @@ def parse_mount(value: str) -> Mount:
 def reject_long_names(option: str, path: str) -> str:
     """No component of ``path`` over NAME_MAX (255) bytes: no Linux file system holds it, and the
     rendered script would fail on every node only when it starts."""
-    longest = max((len(part.encode("utf-8", "surrogateescape")) for part in path.split("/")), default=0)
-    if longest > NAME_MAX:
+    if (longest := longest_name(path)) > NAME_MAX:
         raise SpecError(f"{option} {excerpt(path)}: a name of {longest} bytes in the path (at most {NAME_MAX})")
     return path
 

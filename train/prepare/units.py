@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.safety import canonical_path, excerpt, file_kind, probe_path
+from launch.safety import KERNEL_TREES, excerpt, file_kind, probe_path, resolved, within
 from train.errors import PrepareError
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
@@ -95,8 +95,8 @@ def check_inputs(inputs: list[str]) -> None:
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             raise PrepareError(f"input {excerpt(item)}: is {file_kind(st.st_mode)}; only regular files and "
                                "directories are read")
-        real = canonical_path(os.path.realpath(item))
-        if real == "/" or real.startswith(("/proc/", "/sys/", "/dev/")) or real in ("/proc", "/sys", "/dev"):
+        real = resolved(item)
+        if real == "/" or within(real, (*KERNEL_TREES, "/dev")):
             raise PrepareError(f"input {excerpt(item)}: {excerpt(real)} is the root or a kernel file system, "
                                "not a corpus")
 
@@ -104,14 +104,14 @@ def check_inputs(inputs: list[str]) -> None:
 def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: int,
                arrow_rows: int) -> list[Unit]:
     """Every input's units, in input order (files of a directory sorted); text/JSONL cut
-    into ``chunk_bytes`` ranges, Arrow files into ``arrow_rows`` rows."""
+    into ``chunk_bytes`` ranges, Arrow files into ``arrow_rows`` rows. The local inputs were
+    checked by :func:`check_inputs` first."""
     units: list[Unit] = []
     for item in inputs:
         if item.startswith("hf:"):
             units += _arrow_units(_hub_dataset(item, split, online), arrow_rows)
             continue
         path = Path(item)
-        check_inputs([item])
         if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
             units += _arrow_units(_saved_dataset(item, path, split), arrow_rows)
             continue
