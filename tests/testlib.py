@@ -226,7 +226,8 @@ GPU_RUN = ["run", "--config", "debug", "--steps", "30", "--set", "train.seq_len=
            "--set", "checkpoint.final=false", "--set", "metrics.progress=false"]
 
 
-def _losses(run_dir: Path) -> list[float]:
+def run_losses(run_dir: Path) -> list[float]:
+    """The per-step losses of a run directory's metrics.jsonl."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows]
 
@@ -234,7 +235,7 @@ def _losses(run_dir: Path) -> list[float]:
 def assert_learns(res: subprocess.CompletedProcess, run_dir: Path) -> None:
     """A ``GPU_RUN`` exited 0 and its 30 losses are finite, the last 5 below 0.8x the first 5."""
     assert res.returncode == 0, res.stderr[-3000:]
-    losses = _losses(run_dir)
+    losses = run_losses(run_dir)
     assert len(losses) == 30 and all(x == x for x in losses), losses
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
 

@@ -122,12 +122,13 @@ def shared_store_hazard() -> str | None:
 
 
 def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
-                     flight_recorder_dir: Path | None = None) -> DistInfo:
+                     flight_recorder_dir: Path | None = None, nccl_env: dict[str, str] | None = None) -> DistInfo:
     """Read RANK/LOCAL_RANK/WORLD_SIZE (set by torchrun) and start the process group.
 
     nccl on CUDA, gloo on CPU. ``timeout_s`` bounds every collective: a rank that stops
     answering ends the job with an error instead of a hang. Single process without
-    torchrun: no process group at all.
+    torchrun: no process group at all. ``nccl_env``: NCCL variables the job's settings need,
+    set (where the environment has none) before the communicators exist.
     """
     world = env_int("WORLD_SIZE", 1)
     env_int("RANK", 0)
@@ -141,6 +142,8 @@ def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     if backend == "nccl":
         flight_recorder_env(flight_recorder_dir)
+        for name, value in (nccl_env or {}).items():  # what the job's settings need (read at communicator init)
+            os.environ.setdefault(name, value)
     hazard = shared_store_hazard()
     restart = env_int("TORCHELASTIC_RESTART_COUNT", 0)
     if hazard and restart == 0 and env_int("RANK", 0) == 0:

@@ -27,6 +27,7 @@ from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step, device_gated
 from train.parallel import ParallelDims, Parallelized, parallelize
 from train.parallel.attention import attention_context
+from train.parallel.symm_comm import nccl_env
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.preemption import Preemption
@@ -419,7 +420,8 @@ def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
     ``on_start()`` runs once the model is built and any checkpoint loaded, before the
     first step (``train run`` records the start/resume in config.yaml there)."""
     console.setup(stdout=PROGRESS_LOGGERS)  # progress lines on stdout, once per process
-    info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder")
+    info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder",
+                                  nccl_env=nccl_env(job))
     trainer = None
     with tdist.group_teardown():  # an error path neither waits at a barrier nor destroys the group
         try:

@@ -63,6 +63,11 @@
 #                                           true/false, bf16 (ac_skip_last 8), torchtitan FP8; a profile of FP8 without it.
 #   PART=skip8b bash scripts/gpu/perf.sh   2xH200, ~10 min: 8b bf16 and FP8, parallel.ac_skip_last 8/11/14 (one
 #                                           launch each); torchtitan AC full.
+#   PART=symmag bash scripts/gpu/perf.sh   2xH200, ~6 min: 1b FSDP2 (chunked, never, 0.999), parallel.fsdp_symm_mem
+#                                           all_gather / all, with and without NCCL_CTA_POLICY=2; torchtitan; a profile.
+#   PART=symm1b bash scripts/gpu/perf.sh   2xH200, ~4 min: 1b FSDP2, default and fsdp_symm_mem=all_gather + NCCL_CTA_POLICY=2,
+#                                           twice each; torchtitan. PART=symm8b: the same at 8b FP8 (ac_skip_last 11), once;
+#                                           PART=symm8bbf16: 8b bf16 (ac_skip_last 8), the key alone; a 1b profile.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for

@@ -22,6 +22,8 @@ TWO_RANKS = {
     "fsdp_accum": (FSDP + ["train.batch_size=2", "train.global_batch_size=8"], (2, 1)),
     "fsdp_reshard_never_prefetch2": (FSDP + ["parallel.reshard_after_forward=never", "parallel.fsdp_prefetch=2"],
                                      (2, 1)),
+    # gloo: symmetric-memory buffers do not apply, FSDP2 keeps its collectives (one warning)
+    "fsdp_symm_mem_fallback": (FSDP + ["parallel.fsdp_symm_mem=all"], (2, 1)),
     "hsdp_2x1": (FSDP + ["parallel.dp_replicate=2", "parallel.dp_shard=1"], (2, 1)),
     "tp_sp": (FSDP + ["parallel.tp=2", "train.batch_size=8"], (1, 2)),
     "tp_no_sp": (FSDP + ["parallel.tp=2", "parallel.sequence_parallel=false", "train.batch_size=8"], (1, 2)),

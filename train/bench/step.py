@@ -234,6 +234,21 @@ def _row_and_job(point: dict, info) -> tuple[dict, object]:
     return row, job
 
 
+def _points_nccl_env(points: list[dict]) -> dict[str, str]:
+    """The NCCL variables any point's settings need before the one process group starts."""
+    from train.config import load_config
+    from train.errors import ConfigError
+    from train.parallel.symm_comm import nccl_env
+
+    env: dict[str, str] = {}
+    for point in points:
+        try:
+            env.update(nccl_env(load_config(None, job_overrides(point))))
+        except ConfigError:  # reported as that point's row
+            continue
+    return env
+
+
 def _release(point: dict, cuda: bool, workdir: Path) -> None:
     """After a point (its Trainer dropped): free memory, compiled graphs and the work directory."""
     gc.collect()
@@ -380,7 +395,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
 
     claim_report(out_dir, name)
     setup()  # per-point progress on stderr
-    info = tdist.init_distributed(device, timeout_s)
+    info = tdist.init_distributed(device, timeout_s, nccl_env=_points_nccl_env(points))
     meta = environment_meta() if info.is_main else {}
     meta.update(command=" ".join(["train bench step", *sys.argv[3:]]), world_size=info.world_size,
                 device=info.device.type)

@@ -28,6 +28,10 @@ class ParallelConfig:
     reshard_after_forward: str = "auto"  # auto (every block but the last) | always | never (ZeRO-2 like)
     cpu_offload: bool = False  # keep sharded params, grads and optimizer state in host memory
     fsdp_prefetch: int = 1  # blocks to all-gather ahead explicitly (forward and backward); 0 = FSDP's implicit
+    # FSDP2's collective buffers from symmetric memory (NCCL on CUDA; train/parallel/symm_comm.py):
+    # auto (all_gather within one node with NCCL >= 2.28, else none) | none | all_gather | all (all-gather
+    # and reduce-scatter); the trainer sets NCCL_CTA_POLICY=2: the all-gather runs on the copy engines
+    fsdp_symm_mem: str = "auto"
     # one rank (world size 1): cast = FSDP's mixed precision by casting the parameters in the forward,
     # without fully_shard's one-rank copies (train/parallel/cast.py) | shard = fully_shard as on many ranks
     fsdp_one_rank: str = "cast"
@@ -82,6 +86,10 @@ class ParallelConfig:
             raise ConfigError(f"parallel.fsdp_one_rank: must be cast or shard, got {self.fsdp_one_rank!r}")
         if self.fsdp_prefetch < 0:
             raise ConfigError(f"parallel.fsdp_prefetch: must be >= 0, got {self.fsdp_prefetch}")
+        if self.fsdp_symm_mem not in ("auto", "none", "all_gather", "all"):
+            raise ConfigError(f"parallel.fsdp_symm_mem: must be auto, none, all_gather or all, got {self.fsdp_symm_mem!r}")
+        if self.fsdp_symm_mem in ("all_gather", "all") and self.cpu_offload:
+            raise ConfigError("parallel.fsdp_symm_mem: not with parallel.cpu_offload (host-resident shards)")
         if self.cpu_offload and self.strategy != "fsdp":
             raise ConfigError("parallel.cpu_offload: needs parallel.strategy=fsdp")
         if self.ac not in ("none", "full", "selective", "op"):

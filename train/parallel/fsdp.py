@@ -42,6 +42,7 @@ from train.parallel.bundle import Parallelized, clip_grad_norm
 from train.parallel.compile import apply_compile
 from train.parallel.dims import ParallelDims
 from train.parallel.mesh import build_mesh
+from train.parallel.symm_comm import apply_symm_mem
 from train.parallel.tp import apply_tp
 from train.precision.amp import resolve_precision
 
@@ -89,7 +90,7 @@ def _no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str) -> None:
+def shard_model(model: nn.Module, fsdp_mesh, job, precision: str) -> None:
     """``fully_shard`` the embedding, each block and the output projection as units of
     their own, then the root (final norm).
 
@@ -98,6 +99,7 @@ def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str) -> None:
     both (gathered weights and full-size gradients) through the whole step in the root.
     ``train.loss=chunked`` runs through the output module too (``Output.forward(h,
     targets)``), so its unit works the same way there."""
+    pcfg = job.parallel
     kwargs = {
         "mesh": fsdp_mesh,
         "mp_policy": mixed_precision_policy(pcfg, precision),
@@ -114,6 +116,8 @@ def shard_model(model: nn.Module, fsdp_mesh, pcfg, precision: str) -> None:
         fully_shard(model.output, reshard_after_forward=reshard_all, **kwargs)
     fully_shard(model, reshard_after_forward=reshard_all, **kwargs)
     _set_prefetch(model, blocks, pcfg.fsdp_prefetch)
+    units = [m for m in (model.tok_embeddings, *blocks, model.output, model) if m is not None]
+    apply_symm_mem(units, job, fsdp_mesh.device_type, fsdp_mesh.get_group(fsdp_mesh.ndim - 1))
 
 
 def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims):
@@ -125,7 +129,7 @@ def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims):
         apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel)
     apply_ac(model, pcfg)
     apply_compile(model, pcfg)
-    shard_model(model, mesh.fsdp_mesh, pcfg, precision)
+    shard_model(model, mesh.fsdp_mesh, job, precision)
     if pcfg.cpu_offload:
         _materialize_offloaded(model, job.train.seed, info.device)
     else:

@@ -1,0 +1,154 @@
+"""FSDP2's collective buffers from symmetric memory (``parallel.fsdp_symm_mem``).
+
+NCCL 2.28 runs an all-gather on the GPUs' copy engines, with no SM of its own, when the
+output buffer is a symmetric window registered with the communicator and the communicator's
+CTA policy is zero (``NCCL_CTA_POLICY=2``, documented in NCCL's environment variables). The
+GEMMs that an FSDP2 all-gather overlaps then keep all SMs. Without the zero-CTA policy NCCL
+uses its symmetric kernels on such buffers instead. NCCL's symmetric reduce-scatter only sums,
+so ``all`` also makes FSDP2 divide the gradients itself (``set_force_sum_reduction_for_comms``).
+
+torch >= 2.12 does this itself (``FSDPModule.set_symm_mem_for_comm``, used when present);
+torch 2.11 (the device machines') has the pieces but not the method, so the same is
+done through FSDP2's custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``):
+each staging buffer is allocated from ``torch.distributed._symmetric_memory``'s NCCL memory
+pool (reused from step to step, as FSDP2 frees them) and rendezvoused before the collective.
+
+Only with NCCL on CUDA; anywhere else (gloo on the CPU, no such hooks) the default
+collectives are kept, with one warning where the setting named a mode (silently under ``auto``,
+the default, which applies ``all_gather`` only where it was measured: :func:`resolved_mode`). :func:`nccl_env` is what the process sets
+before its communicators exist: ``NCCL_CTA_POLICY=2`` unless the environment names a policy.
+The policy is the communicator's, so every collective runs under it; collectives on buffers
+that are not symmetric windows have no zero-CTA path and run their kernels as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "none", "all_gather", "all")
+CE_MIN_NCCL = (2, 28, 0)  # NCCL's copy-engine collectives (zero-CTA policy)
+
+
+def _nccl_version() -> tuple:
+    return tuple(torch.cuda.nccl.version()) if torch.cuda.is_available() else ()
+
+
+def _one_node() -> bool:
+    """torchrun's view: every rank of the job on this node (symmetric windows need NVLink/P2P peers)."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE", ""), os.environ.get("WORLD_SIZE", "")
+    return not (local.isdigit() and world.isdigit() and int(local) < int(world))
+
+
+def resolved_mode(job, device_type: str = "cuda") -> str:
+    """``parallel.fsdp_symm_mem`` for this job: ``auto`` is ``all_gather`` where it was measured to
+    win (FSDP2 on CUDA within one node, NCCL with copy-engine collectives, the zero-CTA policy not
+    overridden, no CPU offload, ``comm.small_reduce`` not on symmetric memory), else ``none``."""
+    pcfg = job.parallel
+    if pcfg.fsdp_symm_mem != "auto":
+        return pcfg.fsdp_symm_mem
+    policy = os.environ.get("NCCL_CTA_POLICY", "2")
+    usable = (pcfg.strategy == "fsdp" and not pcfg.cpu_offload and device_type == "cuda"
+              and job.train.device != "cpu" and job.comm.small_reduce != "symm_mem" and policy == "2"
+              and _one_node() and _nccl_version() >= CE_MIN_NCCL)
+    return "all_gather" if usable else "none"
+
+
+def nccl_env(job) -> dict[str, str]:
+    """NCCL variables that ``parallel.fsdp_symm_mem`` needs before the process group starts:
+    the zero-CTA policy (copy-engine all-gather) when NCCL has it and nothing else set a policy."""
+    if job.parallel.strategy != "fsdp" or resolved_mode(job) == "none" or "NCCL_CTA_POLICY" in os.environ:
+        return {}
+    version = _nccl_version()
+    if not version:
+        return {}
+    if version < CE_MIN_NCCL:
+        log.warning("parallel.fsdp_symm_mem: NCCL %s has no copy-engine collectives (>= %s): symmetric kernels instead",
+                    ".".join(map(str, version)), ".".join(map(str, CE_MIN_NCCL)))
+        return {}
+    return {"NCCL_CTA_POLICY": "2"}
+
+
+def _comm_bases():
+    """torch's FSDP2 comm interfaces (private module, public ``set_custom_*`` methods), or None."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    except ImportError:
+        return None
+    return AllGather, ReduceScatter
+
+
+class _SymmAlloc:
+    """Staging buffers from the symmetric-memory pool of the NCCL backend."""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        with torch.cuda.use_mem_pool(symm_mem.get_mem_pool(device)):
+            return torch.empty(size, dtype=dtype, device=device)
+
+
+def _make_comms():
+    bases = _comm_bases()
+    if bases is None:
+        return None
+    all_gather_base, reduce_scatter_base = bases
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    class SymmAllGather(_SymmAlloc, all_gather_base):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            # in-place all-gather: the output buffer holds this rank's input, so only it is registered
+            symm_mem.rendezvous(output_tensor, group=group.group_name)
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+    class SymmReduceScatter(_SymmAlloc, reduce_scatter_base):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            symm_mem.rendezvous(input_tensor, group=group.group_name)
+            symm_mem.rendezvous(output_tensor, group=group.group_name)
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+
+    return SymmAllGather, SymmReduceScatter
+
+
+def _why_not(device_type: str, group, native: bool) -> str | None:
+    """Why symmetric-memory buffers cannot be used here, or None."""
+    if device_type != "cuda" or str(dist.get_backend(group)) != "nccl":
+        return "needs NCCL on CUDA"
+    if not native and _comm_bases() is None:
+        return "this torch has neither FSDPModule.set_symm_mem_for_comm nor FSDP2's custom collectives"
+    return None
+
+
+def apply_symm_mem(units: list, job, device_type: str, group) -> bool:
+    """Put every FSDP2 unit's collectives on symmetric-memory buffers (:func:`resolved_mode`: all_gather
+    | all). Returns whether it was applied; else the default collectives stay (one warning where the
+    setting asked for it, silently under ``auto``)."""
+    mode = resolved_mode(job, device_type)
+    if mode == "none" or not units or group.size() < 2:
+        return False
+    native = hasattr(units[0], "set_symm_mem_for_comm")
+    why = _why_not(device_type, group, native)
+    if why is not None:
+        if job.parallel.fsdp_symm_mem != "auto":
+            log.warning("parallel.fsdp_symm_mem=%s: %s; FSDP2 keeps its default collectives", mode, why)
+        return False
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    symm_mem.set_backend("NCCL")
+    dist.barrier(group=group)  # the communicator exists before the first rendezvous
+    comms = None if native else _make_comms()
+    for unit in units:
+        if mode == "all":  # NCCL's symmetric reduce-scatter only sums: FSDP2 divides itself
+            unit.set_force_sum_reduction_for_comms(True)
+        if native:  # torch >= 2.12: the all-gather, and the reduce-scatter when it sums
+            unit.set_symm_mem_for_comm("NCCL")
+            continue
+        unit.set_custom_all_gather(comms[0]())
+        if mode == "all":
+            unit.set_custom_reduce_scatter(comms[1]())
+    return True
