@@ -38,6 +38,8 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "recursive.yaml").write_text("a: &a [*a]\n")
     os.mkfifo(tmp / "fifo.yaml")
     (tmp / "adir").mkdir()
+    (tmp / "badtok").mkdir()
+    (tmp / "badtok" / "tokenizer.json").write_text('{"model": "not a tokenizer"}\n')
     (tmp / "afile").write_text("not a directory\n")
     (tmp / "long_int.yaml").write_text("train:\n  steps: " + "9" * 5000 + "\n")
     (tmp / "bad_date.yaml").write_text("train:\n  seed: 2026-13-45\n")
@@ -60,7 +62,7 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "octal.yaml").write_text("train:\n  steps: 010\n")
     return {"etc_link": str(tmp / "etc_link"), **{name: str(tmp / f"{name}.yaml") for name in profiles},
             "int_key_yaml": str(tmp / "int_key.yaml"), "long_rdma_fabric": str(tmp / "long_rdma_fabric.yaml"), "octal_yaml": str(tmp / "octal.yaml"),
-            "tmp": str(tmp), "dir": str(tmp / "adir"), "afile": str(tmp / "afile"),
+            "tmp": str(tmp), "dir": str(tmp / "adir"), "badtok_dir": str(tmp / "badtok"), "afile": str(tmp / "afile"),
             "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
             "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),
             "bomb_yaml": str(tmp / "bomb.yaml"), "deep_yaml": str(tmp / "deep.yaml"), "huge_yaml": str(tmp / "huge.yaml"),

@@ -117,7 +117,7 @@ def _make_comms():
 
 def _why_not(device_type: str, group, native: bool) -> str | None:
     """Why symmetric-memory buffers cannot be used here, or None."""
-    if device_type != "cuda" or str(dist.get_backend(group)) != "nccl":
+    if device_type != "cuda" or "nccl" not in str(dist.get_backend(group)).lower():
         return "needs NCCL on CUDA"
     if not native and _comm_bases() is None:
         return "this torch has neither FSDPModule.set_symm_mem_for_comm nor FSDP2's custom collectives"
@@ -139,7 +139,13 @@ def apply_symm_mem(units: list, job, device_type: str, group) -> bool:
         return False
     from torch.distributed import _symmetric_memory as symm_mem
 
-    symm_mem.set_backend("NCCL")
+    try:  # once per process; a later Trainer (bench step's next point) finds it set
+        symm_mem.set_backend("NCCL")
+    except RuntimeError as exc:
+        if str(symm_mem.get_backend(torch.device("cuda", torch.cuda.current_device()))).upper() != "NCCL":
+            log.warning("parallel.fsdp_symm_mem=%s: %s; FSDP2 keeps its default collectives", mode,
+                        " ".join(str(exc).split())[:200])
+            return False
     dist.barrier(group=group)  # the communicator exists before the first rendezvous
     comms = None if native else _make_comms()
     for unit in units:

@@ -49,25 +49,20 @@ def load_tokenizer(name: str, online: bool = False, eos: str | None = None) -> T
     if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
         raise PrepareError(f"--tokenizer {excerpt(name)}: is {file_kind(st.st_mode)}; give a tokenizer.json, "
                            "a directory holding one, or a Hugging Face name")
-    from tokenizers import Tokenizer
-
     if st is not None and stat.S_ISREG(st.st_mode):
-        try:
-            tok = Tokenizer.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
-            raise PrepareError(f"--tokenizer {name}: not a tokenizer.json file ({exc})") from None
+        tok = _from_file(path, name)
         eos_text = _eos_from_config(path.parent)
     elif st is not None and (path / "tokenizer.json").is_file():
-        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        tok = _from_file(path / "tokenizer.json", name)
         eos_text = _eos_from_config(path)
     else:
-        tok, eos_text = _hub_tokenizer(name, online)
+        tok, eos_text = _hub_tokenizer(name, online, local_dir=st is not None)
     eos_text = eos or eos_text
     eos_id = None
     if eos_text is not None:
         eos_id = tok.token_to_id(eos_text)
         if eos_id is None:
-            raise PrepareError(f"--eos {eos_text!r}: not a token of tokenizer {name}")
+            raise PrepareError(f"--eos {excerpt(eos_text)}: not a token of tokenizer {excerpt(name)}")
     else:
         eos_id = next((tok.token_to_id(t) for t in EOS_NAMES if tok.token_to_id(t) is not None), None)
     text = tok.to_str()
@@ -75,12 +70,26 @@ def load_tokenizer(name: str, online: bool = False, eos: str | None = None) -> T
                          tok.get_vocab_size(with_added_tokens=True), eos_id)
 
 
-def _hub_tokenizer(name: str, online: bool):
-    """A Hub name, via transformers.AutoTokenizer when installed, else huggingface_hub."""
+def _from_file(path: Path, name: str):
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
+        detail = " ".join(str(exc).split())[:160]
+        raise PrepareError(f"--tokenizer {excerpt(name)}: {excerpt(path.name)} is not a tokenizer.json file ({detail})") from None
+
+
+def _hub_tokenizer(name: str, online: bool, local_dir: bool = False):
+    """A Hub name (or a local directory without tokenizer.json, which transformers may still
+    load), via transformers.AutoTokenizer when installed, else huggingface_hub."""
     where = "the Hugging Face cache" if not online else "the Hugging Face Hub"
     hint = "" if online else " (offline by default: pass --online to download it)"
-    if os.sep in name and not Path(name).exists() and name.startswith((".", "/")):
-        raise PrepareError(f"--tokenizer {name}: no such file or directory")
+    if local_dir:
+        where, hint = "that directory", " (it holds no tokenizer.json)"
+    name_text = excerpt(name)
+    if os.sep in name and not local_dir and name.startswith((".", "/")):
+        raise PrepareError(f"--tokenizer {name_text}: no such file or directory")
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -89,18 +98,19 @@ def _hub_tokenizer(name: str, online: bool):
         try:
             hf = AutoTokenizer.from_pretrained(name, local_files_only=not online)
         except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/...
-            raise PrepareError(f"--tokenizer {name}: not found in {where}{hint} ({type(exc).__name__})") from None
+            raise PrepareError(f"--tokenizer {name_text}: not found in {where}{hint} ({type(exc).__name__})") from None
         backend = getattr(hf, "backend_tokenizer", None)
         if backend is None:
-            raise PrepareError(f"--tokenizer {name}: has no fast (Rust) tokenizer; save it with tokenizer.json")
+            raise PrepareError(f"--tokenizer {name_text}: has no fast (Rust) tokenizer; save it with tokenizer.json")
         return backend, hf.eos_token
     try:
         from huggingface_hub import hf_hub_download
-        from tokenizers import Tokenizer
     except ImportError as exc:
-        raise PrepareError(f"--tokenizer {name}: not a local file; Hub names need huggingface_hub ({exc})") from None
+        raise PrepareError(f"--tokenizer {name_text}: not a local file; Hub names need huggingface_hub ({exc})") from None
+    if local_dir:
+        raise PrepareError(f"--tokenizer {name_text}: a directory that holds no tokenizer.json")
     try:
         file = hf_hub_download(name, "tokenizer.json", local_files_only=not online)
     except Exception as exc:  # noqa: BLE001
-        raise PrepareError(f"--tokenizer {name}: not found in {where}{hint} ({type(exc).__name__})") from None
-    return Tokenizer.from_file(file), _eos_from_config(Path(file).parent)
+        raise PrepareError(f"--tokenizer {name_text}: not found in {where}{hint} ({type(exc).__name__})") from None
+    return _from_file(Path(file), name), _eos_from_config(Path(file).parent)
