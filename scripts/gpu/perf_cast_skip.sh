@@ -166,12 +166,17 @@ part_fp8ag() {
   KP_ARGS=(--skip 10 --active 3) KP_GPUS=0 KP_NPROC=1
 }
 
+symm_1b_base() {  # the 1b FSDP2 settings of the symm* parts in C1B (FSDP2's default collectives); torchtitan and ours
+  C1B=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
+    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999 --set parallel.fsdp_symm_mem=none)
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_fsdp2 100 "${C1B[@]}"
+}
+
 part_symmag() {
   note "symmag: 1b FSDP2 on 2 GPUs (chunked loss, reshard never, budget 0.999): parallel.fsdp_symm_mem all_gather / all, with and without NCCL_CTA_POLICY=2 (copy-engine all-gather); torchtitan; a profile"
-  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
-    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
-  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
-  ours 0,1 2 1b_fsdp2 100 "${c[@]}"
+  symm_1b_base
+  local c=("${C1B[@]}")
   NCCL_CTA_POLICY=2 ours 0,1 2 1b_fsdp2_ag_ce 100 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
   ours 0,1 2 1b_fsdp2_ag_kernel 100 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
   NCCL_CTA_POLICY=2 ours 0,1 2 1b_fsdp2_all_ce 100 "${c[@]}" --set parallel.fsdp_symm_mem=all
@@ -182,10 +187,8 @@ part_symmag() {
 
 part_symm1b() {
   note "symm1b: 1b FSDP2 on 2 GPUs (chunked loss, reshard never, budget 0.999), default against fsdp_symm_mem=all_gather with NCCL_CTA_POLICY=2, twice each, interleaved; torchtitan"
-  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
-    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
-  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
-  ours 0,1 2 1b_fsdp2 100 "${c[@]}"
+  symm_1b_base
+  local c=("${C1B[@]}")
   NCCL_CTA_POLICY=2 ours 0,1 2 1b_fsdp2_ce 100 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
   ours 0,1 2 1b_fsdp2_again 100 "${c[@]}"
   NCCL_CTA_POLICY=2 ours 0,1 2 1b_fsdp2_ce_again 100 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
@@ -194,7 +197,7 @@ part_symm1b() {
 part_symm8b() {
   note "symm8b: 8b FP8 tensorwise on 2 GPUs (chunked loss 2048, ac_skip_last 11, bf16 all-gather), default against fsdp_symm_mem=all_gather with NCCL_CTA_POLICY=2; torchtitan"
   local c=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048
-    --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false)
+    --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false --set parallel.fsdp_symm_mem=none)
   titan 0,1 2 8b_fp8 120 "${P8B[@]}" --fp8 tensorwise
   ours 0,1 2 8b_fp8 110 "${c[@]}"
   NCCL_CTA_POLICY=2 ours 0,1 2 8b_fp8_ce 110 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
@@ -203,10 +206,10 @@ part_symm8b() {
 part_symm8bbf16() {
   note "symm8bbf16: 8b bf16 on 2 GPUs (chunked loss 2048, ac_skip_last 8), default against fsdp_symm_mem=all_gather (NCCL_CTA_POLICY=2 set by the trainer); torchtitan; a 1b FSDP2 profile with the key alone"
   local c=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048
-    --fp8 none --set parallel.ac_skip_last=8)
+    --fp8 none --set parallel.ac_skip_last=8 --set parallel.fsdp_symm_mem=none)
   local c1=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
-    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
-  KP_GPUS=0,1 KP_NPROC=2 profiled ours fsdp2_symm_key 100 "${c1[@]}" --set parallel.fsdp_symm_mem=all_gather
+    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999 --set parallel.fsdp_symm_mem=all_gather)
+  KP_GPUS=0,1 KP_NPROC=2 profiled ours fsdp2_symm_key 100 "${c1[@]}"
   titan 0,1 2 8b_bf16 140 "${P8B[@]}" --fp8 none
   ours 0,1 2 8b_bf16 110 "${c[@]}"
   ours 0,1 2 8b_bf16_ce 110 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
