@@ -36,10 +36,11 @@ def test_bench_comm_gloo_writes_report(tmp_path):
     assert "busbw_GBps" in r.stdout and "raw loop" in r.stdout
 
 
-def test_bench_comm_needs_torchrun():
+def test_bench_comm_needs_torchrun(tmp_path):
     from testlib import train_cli
 
-    r = train_cli(["bench", "comm", "--backend", "gloo"])
+    # --out in tmp_path: the default (runs/ under the working directory) need not be writable (the image's is not)
+    r = train_cli(["bench", "comm", "--backend", "gloo", "--out", str(tmp_path / "bench")])
     assert r.returncode == 2 and "torchrun" in r.stderr
 
 

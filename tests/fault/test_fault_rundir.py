@@ -108,7 +108,7 @@ def test_concurrent_runs_sigint_and_resume(tmp_path):
     assert [row["step"] for row in _rows(out)] == [1, 2]
 
 
-def test_stale_lock_rules(tmp_path):
+def test_stale_lock_rules(tmp_path, request):
     """Stale only when provably dead: same host and the pid gone (or reused), or a restart
     of the same torchrun job; a live pid or another host is honoured."""
     from train.errors import ConfigError
@@ -117,12 +117,15 @@ def test_stale_lock_rules(tmp_path):
     host = socket.gethostname()
     dead = subprocess.Popen(["true"])
     dead.wait()
+    # a process of ours that lives through the test (pytest's parent is pid 0 when pytest is a container's pid 1)
+    live = subprocess.Popen(["sleep", "300"])
+    request.addfinalizer(lambda: (live.kill(), live.wait()))
     cases = [
         ({"host": host, "pid": dead.pid}, True),
-        ({"host": host, "pid": os.getppid()}, False),  # alive (pytest's parent)
+        ({"host": host, "pid": live.pid}, False),  # alive
         ({"host": "node-elsewhere", "pid": dead.pid}, False),
         ({"host": "node-elsewhere", "pid": 1, "run_id": "job-7"}, True),  # TORCHELASTIC_RUN_ID=job-7 below
-        ({"host": host, "pid": os.getppid(), "start": "0"}, True),  # same pid, another process start: reused
+        ({"host": host, "pid": live.pid, "start": "0"}, True),  # same pid, another process start: reused
     ]
     os.environ["TORCHELASTIC_RUN_ID"] = "job-7"
     try:
