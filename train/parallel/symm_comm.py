@@ -14,9 +14,10 @@ each staging buffer is allocated from ``torch.distributed._symmetric_memory``'s 
 pool (reused from step to step, as FSDP2 frees them) and rendezvoused before the collective.
 
 Only with NCCL on CUDA; anywhere else (gloo on the CPU, no such hooks) the default
-collectives are kept, with one warning where the setting named a mode (silently under ``auto``,
-the default, which applies ``all_gather`` only where it was measured: :func:`resolved_mode`). :func:`nccl_env` is what the process sets
-before its communicators exist: ``NCCL_CTA_POLICY=2`` unless the environment names a policy.
+collectives are kept, with one warning where the setting named a mode (silently under
+``auto``, the default, which applies ``all_gather`` only where it was measured:
+:func:`resolved_mode`). :func:`nccl_env` is what the process sets before its communicators
+exist: ``NCCL_CTA_POLICY=2`` unless the environment names a policy.
 The policy is the communicator's, so every collective runs under it; collectives on buffers
 that are not symmetric windows have no zero-CTA path and run their kernels as before.
 """
@@ -31,7 +32,6 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "none", "all_gather", "all")
 CE_MIN_NCCL = (2, 28, 0)  # NCCL's copy-engine collectives (zero-CTA policy)
 
 
