@@ -9,12 +9,13 @@ accept a path to a ``.yaml`` file.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from launch.errors import SpecError
-from launch.safety import excerpt
+from launch.safety import excerpt, file_kind, probe_path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROFILE_PATH_ENV = "LAUNCH_PROFILE_PATH"
@@ -109,14 +110,15 @@ def available(kind: str) -> dict[str, Path]:
 
 def _resolve(kind: str, name: str) -> Path:
     singular = kind[:-1]
-    try:
-        if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+    if name.endswith((".yaml", ".yml")):
+        st = probe_path(name, f"--{singular}")  # a name the file system refuses: one line naming it
+        if st is not None and stat.S_ISREG(st.st_mode):
             return Path(name)
-    except OSError as exc:  # a name too long for the file system (is_file raises, not False)
-        raise SpecError(f"--{singular} {excerpt(name)}: cannot read ({exc.strerror})") from None
+        if st is not None:
+            raise SpecError(f"--{singular} {excerpt(name)}: is {file_kind(st.st_mode)}; give a YAML file or a known name")
     known = available(kind)
     if name not in known:
-        raise SpecError(f"unknown {singular} {name!r} (known: {', '.join(known) or 'none'})")
+        raise SpecError(f"unknown {singular} {excerpt(name)} (known: {', '.join(known) or 'none'})")
     return known[name]
 
 

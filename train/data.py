@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from launch.errors import InputError
-from launch.safety import atomic_write, excerpt, probe_path, read_bounded
+from launch.safety import atomic_write, excerpt, file_kind, probe_path, read_bounded
 from train.errors import DataError
 from train.paths import default_cache_dir
 
@@ -100,14 +101,17 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
     (plus the tell-tale zero high halves of uint32 data declared uint16). Every batch is
     checked again when it is read (``TokenLoader``), so no id >= vocab_size is trained on."""
     meta_path = path.with_suffix(".json")
-    try:  # is_file raises (not False) for a name too long for the file system
-        found = path.is_file(), meta_path.is_file()
-    except OSError as exc:
-        raise DataError(f"data.path: token file {excerpt(str(path))}: {exc.strerror}") from None
-    if not found[0]:
-        raise DataError(f"data.path: token file {path} does not exist")
-    if not found[1]:
-        raise DataError(f"data.path: metadata {meta_path} is missing (needs dtype and vocab_size)")
+    for what, file in (("token file", path), ("metadata", meta_path)):
+        try:  # a name the file system refuses (too long, a NUL, no permission): one line naming it
+            st = probe_path(file, f"data.path: {what}")
+        except InputError as exc:
+            raise DataError(str(exc)) from None
+        if st is None and what == "token file":
+            raise DataError(f"data.path: token file {excerpt(str(file))} does not exist")
+        if st is None:
+            raise DataError(f"data.path: metadata {excerpt(str(file))} is missing (needs dtype and vocab_size)")
+        if not stat.S_ISREG(st.st_mode):  # a directory was "does not exist", a FIFO blocked the read
+            raise DataError(f"data.path: {what} {excerpt(str(file))} is {file_kind(st.st_mode)}, not a file")
     try:
         meta = json.loads(read_bounded(meta_path, "data.path: metadata", 1 << 16).decode("utf-8"))
     except InputError as exc:

@@ -44,6 +44,7 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "long_int.yaml").write_text("train:\n  steps: " + "9" * 5000 + "\n")
     (tmp / "bad_date.yaml").write_text("train:\n  seed: 2026-13-45\n")
     (tmp / "dir.prom").mkdir()
+    (tmp / "dir.yaml").mkdir()
     (tmp / "link.sh").symlink_to(tmp / "afile")
     (tmp / "dangling").symlink_to(tmp / "nowhere")
     (tmp / "etc_link").symlink_to("/etc")
@@ -68,7 +69,7 @@ def _config_files(tmp: Path) -> dict[str, str]:
             "bomb_yaml": str(tmp / "bomb.yaml"), "deep_yaml": str(tmp / "deep.yaml"), "huge_yaml": str(tmp / "huge.yaml"),
             "dupkey_yaml": str(tmp / "dupkey.yaml"), "recursive_yaml": str(tmp / "recursive.yaml"),
             "long_int_yaml": str(tmp / "long_int.yaml"), "bad_date_yaml": str(tmp / "bad_date.yaml"),
-            "prom_dir": str(tmp / "dir.prom"),
+            "prom_dir": str(tmp / "dir.prom"), "yaml_dir": str(tmp / "dir.yaml"),
             "fifo": str(tmp / "fifo.yaml"), "symlink": str(tmp / "link.sh"), "dangling": str(tmp / "dangling")}
 
 

@@ -14,6 +14,8 @@ LAUNCH_CASES = [
       ["torchrun", "--profile", "p" * 300 + ".yaml"], 2, "--profile 'ppp"),
     L("profile-path-env-too-long", "LAUNCH_PROFILE_PATH naming a directory whose name is too long",
       ["torchrun"], 2, "environment LAUNCH_PROFILE_PATH: directory 'ddd", env=[("LAUNCH_PROFILE_PATH", "d" * 300)]),
+    L("profile-yaml-dir", "--profile naming a directory called *.yaml (was 'unknown profile')",
+      ["torchrun", "--profile", "{yaml_dir}"], 2, "is a directory; give a YAML file"),
     L("fabric-unknown", "unknown fabric", ["torchrun", "--fabric", "warp"], 2, "unknown fabric 'warp'"),
     L("nnodes-zero", "--nnodes 0", ["torchrun", "--nnodes", "0"], 2, "--nnodes '0'"),
     L("nnodes-min-gt-max", "--nnodes MIN:MAX with MIN > MAX", ["torchrun", "--nnodes", "4:2"], 2,
