@@ -101,15 +101,14 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
     (plus the tell-tale zero high halves of uint32 data declared uint16). Every batch is
     checked again when it is read (``TokenLoader``), so no id >= vocab_size is trained on."""
     meta_path = path.with_suffix(".json")
-    for what, file in (("token file", path), ("metadata", meta_path)):
+    for what, file, absent in (("token file", path, "does not exist"),
+                               ("metadata", meta_path, "is missing (needs dtype and vocab_size)")):
         try:  # a name the file system refuses (too long, a NUL, no permission): one line naming it
             st = probe_path(file, f"data.path: {what}")
         except InputError as exc:
             raise DataError(str(exc)) from None
-        if st is None and what == "token file":
-            raise DataError(f"data.path: token file {excerpt(str(file))} does not exist")
         if st is None:
-            raise DataError(f"data.path: metadata {excerpt(str(file))} is missing (needs dtype and vocab_size)")
+            raise DataError(f"data.path: {what} {excerpt(str(file))} {absent}")
         if not stat.S_ISREG(st.st_mode):  # a directory was "does not exist", a FIFO blocked the read
             raise DataError(f"data.path: {what} {excerpt(str(file))} is {file_kind(st.st_mode)}, not a file")
     try:
