@@ -68,6 +68,10 @@
 #   PART=symm1b bash scripts/gpu/perf.sh   2xH200, ~4 min: 1b FSDP2, default and fsdp_symm_mem=all_gather + NCCL_CTA_POLICY=2,
 #                                           twice each; torchtitan. PART=symm8b: the same at 8b FP8 (ac_skip_last 11), once;
 #                                           PART=symm8bbf16: 8b bf16 (ac_skip_last 8), the key alone; a 1b profile.
+#   PART=symmrs bash scripts/gpu/perf.sh  2xH200, ~4 min: 1b FSDP2, fsdp_symm_mem=all (all-to-all reduce-scatter) against
+#                                           all_gather, twice each; torchtitan; a profile of all.
+#                                           PART=symmrs8b: 8b bf16 (ac_skip_last 8), all against all_gather; torchtitan.
+#                                           PART=symmrs8b2: the same without torchtitan.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for

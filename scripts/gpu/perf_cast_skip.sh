@@ -214,3 +214,33 @@ part_symm8bbf16() {
   ours 0,1 2 8b_bf16 110 "${c[@]}"
   ours 0,1 2 8b_bf16_ce 110 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
 }
+
+part_symmrs() {
+  note "symmrs: 1b FSDP2 on 2 GPUs (chunked loss, reshard never, budget 0.999): fsdp_symm_mem=all (the reduce-scatter as a copy-engine all-to-all + a local sum) against all_gather (the default), twice each, interleaved; torchtitan; a profile of all; libtorch's NCCL all-to-all symbols"
+  { nm -D "$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libtorch_cuda.so" | grep -i 'nccl.*to.*all' || true; } >"$W/nccl_alltoall_symbols.txt" 2>&1
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
+    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_fsdp2_ag 100 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
+  ours 0,1 2 1b_fsdp2_all 100 "${c[@]}" --set parallel.fsdp_symm_mem=all
+  ours 0,1 2 1b_fsdp2_ag_again 100 "${c[@]}" --set parallel.fsdp_symm_mem=all_gather
+  ours 0,1 2 1b_fsdp2_all_again 100 "${c[@]}" --set parallel.fsdp_symm_mem=all
+  KP_GPUS=0,1 KP_NPROC=2 profiled ours fsdp2_all 100 "${c[@]}" --set parallel.fsdp_symm_mem=all
+}
+
+part_symmrs8b() {
+  note "symmrs8b: 8b bf16 on 2 GPUs (chunked loss 2048, ac_skip_last 8): fsdp_symm_mem=all against all_gather; torchtitan"
+  local b=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048 --fp8 none
+    --set parallel.ac_skip_last=8)
+  titan 0,1 2 8b_bf16 120 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16_ag 100 "${b[@]}" --set parallel.fsdp_symm_mem=all_gather
+  ours 0,1 2 8b_bf16_all 100 "${b[@]}" --set parallel.fsdp_symm_mem=all
+}
+
+part_symmrs8b2() {
+  note "symmrs8b2: PART=symmrs8b's two runs of ours without torchtitan (8b bf16, ac_skip_last 8: all_gather, all)"
+  local b=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048 --fp8 none
+    --set parallel.ac_skip_last=8)
+  ours 0,1 2 8b_bf16_ag 90 "${b[@]}" --set parallel.fsdp_symm_mem=all_gather
+  ours 0,1 2 8b_bf16_all 90 "${b[@]}" --set parallel.fsdp_symm_mem=all
+}

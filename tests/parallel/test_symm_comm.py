@@ -67,3 +67,86 @@ def test_refused_settings_name_the_culprit(overrides, culprit):
     with pytest.raises(ConfigError, match="parallel.fsdp_symm_mem") as info:
         load_job(overrides)
     assert culprit in str(info.value)
+
+
+def _all_to_all_reduce_scatter(rank, world, result_file):
+    """Each rank's output of ``reduce_scatter_by_all_to_all`` against the rows of every rank's input
+    gathered and reduced here (gloo, real processes), for SUM and AVG in fp32 and bf16."""
+    import torch
+    import torch.distributed as dist
+
+    group, out = dist.group.WORLD, {}
+    for dtype in (torch.float32, torch.bfloat16):
+        inp = torch.randn(world * 1000, generator=torch.Generator().manual_seed(rank)).to(dtype) * (rank + 1)
+        every = [torch.empty_like(inp) for _ in range(world)]
+        dist.all_gather(every, inp)
+        mine = torch.stack([t.view(world, -1)[rank].float() for t in every])  # row r: rank r's part of my shard
+        for op, want in ((dist.ReduceOp.SUM, mine.sum(0)), (dist.ReduceOp.AVG, mine.sum(0) / world)):
+            got = torch.empty(inp.numel() // world, dtype=dtype)
+            symm_comm.reduce_scatter_by_all_to_all(got, inp, group, op, torch.empty_like(inp))
+            out[(str(dtype), str(op), rank)] = (got, want.to(dtype))
+    gathered = [None] * world
+    dist.all_gather_object(gathered, out)
+    if rank == 0:
+        torch.save({k: v for part in gathered for k, v in part.items()}, result_file)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_reduce_scatter_by_all_to_all_is_a_reduce_scatter(tmp_path, world):
+    """``all``'s reduce-scatter (all-to-all, then a local sum or mean): every rank gets the sum or mean
+    of its shard over the ranks; with 2 ranks bit for bit (one addition per element, as NCCL's)."""
+    import torch
+
+    from testlib import rank0_result
+
+    results = rank0_result(_all_to_all_reduce_scatter, tmp_path, world)
+    assert len(results) == 2 * 2 * world
+    for (dtype, op, rank), (got, want) in results.items():
+        if world == 2:
+            assert torch.equal(got, want), (dtype, op, rank)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-5 if "float32" in dtype else 1e-2, atol=1e-5)
+
+
+def _fsdp_grads(rank, world, result_file):
+    """FSDP2 on gloo, a few linears, one backward with FSDP2's reduce-scatter and one with
+    ``reduce_scatter_by_all_to_all`` as its custom reduce-scatter (plain buffers: symmetric
+    memory needs CUDA): the sharded gradients of both."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+    class AllToAll(ReduceScatter):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            symm_comm.reduce_scatter_by_all_to_all(output_tensor, input_tensor, group, op,
+                                                   torch.empty_like(input_tensor))
+
+    grads = {}
+    for custom in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+        for layer in model:
+            fully_shard(layer)
+            if custom:
+                layer.set_custom_reduce_scatter(AllToAll())
+        fully_shard(model)
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
+        model(x).square().mean().backward()
+        grads[custom] = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
+    same = all(torch.equal(grads[False][n], grads[True][n]) for n in grads[False])
+    flags = [None] * world
+    dist.all_gather_object(flags, same)
+    if rank == 0:
+        torch.save(flags, result_file)
+
+
+def test_fsdp2_trains_the_same_with_the_all_to_all_reduce_scatter(tmp_path):
+    """Through FSDP2's custom reduce-scatter hook (the op, shapes and buffers FSDP2 hands it): the
+    same gradients on every rank, bit for bit, as FSDP2's own reduce-scatter."""
+    from testlib import rank0_result
+
+    assert rank0_result(_fsdp_grads, tmp_path, 2) == [True, True]

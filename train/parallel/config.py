@@ -29,8 +29,8 @@ class ParallelConfig:
     cpu_offload: bool = False  # keep sharded params, grads and optimizer state in host memory
     fsdp_prefetch: int = 1  # blocks to all-gather ahead explicitly (forward and backward); 0 = FSDP's implicit
     # FSDP2's collective buffers from symmetric memory (NCCL on CUDA; train/parallel/symm_comm.py):
-    # auto (all_gather within one node with NCCL >= 2.28, else none) | none | all_gather | all (all-gather
-    # and reduce-scatter); the trainer sets NCCL_CTA_POLICY=2: the all-gather runs on the copy engines
+    # auto (all_gather within one node with NCCL >= 2.28, else none) | none | all_gather | all (also the
+    # reduce-scatter, as an all-to-all + local sum); the trainer sets NCCL_CTA_POLICY=2: copy engines
     fsdp_symm_mem: str = "auto"
     # one rank (world size 1): cast = FSDP's mixed precision by casting the parameters in the forward,
     # without fully_shard's one-rank copies (train/parallel/cast.py) | shard = fully_shard as on many ranks

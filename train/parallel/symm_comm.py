@@ -4,12 +4,13 @@ NCCL 2.28 runs an all-gather on the GPUs' copy engines, with no SM of its own, w
 output buffer is a symmetric window registered with the communicator and the communicator's
 CTA policy is zero (``NCCL_CTA_POLICY=2``, documented in NCCL's environment variables). The
 GEMMs that an FSDP2 all-gather overlaps then keep all SMs. Without the zero-CTA policy NCCL
-uses its symmetric kernels on such buffers instead. NCCL's symmetric reduce-scatter only sums,
-so ``all`` also makes FSDP2 divide the gradients itself (``set_force_sum_reduction_for_comms``).
+uses its symmetric kernels on such buffers instead. A reduce-scatter needs arithmetic, so it has
+no copy-engine path; ``all`` does it as an all-to-all between symmetric windows (copy engines,
+under the same policy) and a local sum of the rows (:func:`reduce_scatter_by_all_to_all`).
 
-torch >= 2.12 does this itself (``FSDPModule.set_symm_mem_for_comm``, used when present);
-torch 2.11 (the device machines') has the pieces but not the method, so the same is
-done through FSDP2's custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``):
+torch >= 2.12 does the all-gather half itself (``FSDPModule.set_symm_mem_for_comm``, used for
+``all_gather`` when present); torch 2.11 (the device machines') has the pieces but not the method,
+so the same is done through FSDP2's custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``):
 each staging buffer is allocated from ``torch.distributed._symmetric_memory``'s NCCL memory
 pool (reused from step to step, as FSDP2 frees them) and rendezvoused before the collective.
 
@@ -25,6 +26,7 @@ that are not symmetric windows have no zero-CTA path and run their kernels as be
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import torch
@@ -93,6 +95,22 @@ class _SymmAlloc:
             return torch.empty(size, dtype=dtype, device=device)
 
 
+def reduce_scatter_by_all_to_all(output: torch.Tensor, input: torch.Tensor, group, op, scratch: torch.Tensor) -> None:
+    """``reduce_scatter_tensor(output, input, op)`` as an all-to-all into ``scratch`` (same size as
+    ``input``: row r then holds rank r's part of this rank's shard) and a local sum or mean of the
+    rows. NCCL runs an all-to-all between symmetric windows on the copy engines under the zero-CTA
+    policy, so only the short sum takes SMs; a sum of the same addends in the same precision as
+    NCCL's (bit for bit with 2 ranks, where the order cannot differ). ``op``: SUM or AVG; any other
+    (FSDP2's PREMUL_SUM for a custom divide factor) takes NCCL's reduce-scatter on the same buffers."""
+    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        dist.reduce_scatter_tensor(output, input, op=op, group=group)
+        return
+    dist.all_to_all_single(scratch, input, group=group)
+    rows = scratch.view(group.size(), -1)
+    reduce = torch.sum if op == dist.ReduceOp.SUM else torch.mean
+    reduce(rows, dim=0, out=output.view(-1))
+
+
 def _make_comms():
     bases = _comm_bases()
     if bases is None:
@@ -107,10 +125,27 @@ def _make_comms():
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
     class SymmReduceScatter(_SymmAlloc, reduce_scatter_base):
+        """FSDP2 asks for the input, then the output (1/world of its size), then calls. The input and
+        the all-to-all's scratch are symmetric windows; the output, which FSDP2 keeps as the sharded
+        gradient, comes from the default allocator: in the pool it would hold memory that the rest
+        of the step cannot reuse (8b on 2xH100 ran out of memory so)."""
+
+        def __init__(self, world: int):
+            self._world, self._input_numel = world, None
+
+        def allocate(self, size, *, dtype, device):
+            numel = math.prod(int(s) for s in size)
+            if self._input_numel is not None and numel * self._world == self._input_numel:
+                self._input_numel = None
+                return torch.empty(size, dtype=dtype, device=device)
+            self._input_numel = numel
+            return super().allocate(size, dtype=dtype, device=device)
+
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            symm_mem.rendezvous(input_tensor, group=group.group_name)
-            symm_mem.rendezvous(output_tensor, group=group.group_name)
-            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+            scratch = super().allocate(input_tensor.shape, dtype=input_tensor.dtype, device=input_tensor.device)
+            for buf in (input_tensor, scratch):
+                symm_mem.rendezvous(buf, group=group.group_name)
+            reduce_scatter_by_all_to_all(output_tensor, input_tensor, group, op, scratch)
 
     return SymmAllGather, SymmReduceScatter
 
@@ -125,13 +160,14 @@ def _why_not(device_type: str, group, native: bool) -> str | None:
 
 
 def apply_symm_mem(units: list, job, device_type: str, group) -> bool:
-    """Put every FSDP2 unit's collectives on symmetric-memory buffers (:func:`resolved_mode`: all_gather
-    | all). Returns whether it was applied; else the default collectives stay (one warning where the
+    """Put the FSDP2 units' collectives (``units`` in forward order) on symmetric-memory buffers
+    (:func:`resolved_mode`: all_gather | all). Returns whether it was applied; else the default collectives stay (one warning where the
     setting asked for it, silently under ``auto``)."""
     mode = resolved_mode(job, device_type)
     if mode == "none" or not units or group.size() < 2:
         return False
-    native = hasattr(units[0], "set_symm_mem_for_comm")
+    # torch >= 2.12 has the all-gather half itself; it cannot be combined with a custom reduce-scatter
+    native = mode == "all_gather" and hasattr(units[0], "set_symm_mem_for_comm")
     why = _why_not(device_type, group, native)
     if why is not None:
         if job.parallel.fsdp_symm_mem != "auto":
@@ -148,13 +184,13 @@ def apply_symm_mem(units: list, job, device_type: str, group) -> bool:
             return False
     dist.barrier(group=group)  # the communicator exists before the first rendezvous
     comms = None if native else _make_comms()
-    for unit in units:
-        if mode == "all":  # NCCL's symmetric reduce-scatter only sums: FSDP2 divides itself
-            unit.set_force_sum_reduction_for_comms(True)
-        if native:  # torch >= 2.12: the all-gather, and the reduce-scatter when it sums
+    for i, unit in enumerate(units):
+        if native:
             unit.set_symm_mem_for_comm("NCCL")
             continue
         unit.set_custom_all_gather(comms[0]())
-        if mode == "all":
-            unit.set_custom_reduce_scatter(comms[1]())
+        # units[0] (first in forward) reduce-scatters last in backward, with no compute left to
+        # overlap: NCCL's kernels, faster than copy engines, end the step sooner there
+        if mode == "all" and i > 0:
+            unit.set_custom_reduce_scatter(comms[1](group.size()))
     return True
