@@ -14,11 +14,16 @@ from pathlib import Path
 from launch.errors import InputError
 from launch.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
+from train.doctor.memory import param_count
 from train.errors import ConfigError
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
 from train.precision.fp8 import check_float8
 from train.rundir import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
+
+
+# gradient-accumulation micro-batches per optimizer step beyond which global_batch_size is a typo
+MAX_ACCUM = 65536
 
 
 def world_size_from_env() -> int:
@@ -43,7 +48,42 @@ def check_job(job: JobConfig, world_size: int) -> ParallelDims:
             f"train.global_batch_size: {gbs} is not divisible by batch_size x dp ranks = "
             f"{job.train.batch_size} x {dp} = {per_step}"
         )
+    if gbs // per_step > MAX_ACCUM:
+        raise ConfigError(
+            f"train.global_batch_size: {gbs} needs {gbs // per_step} micro-batches of batch_size x dp ranks = "
+            f"{job.train.batch_size} x {dp} per optimizer step; more than {MAX_ACCUM} is taken for a mistake"
+        )
+    check_fits(job, dims)
     return dims
+
+
+def check_fits(job: JobConfig, dims: ParallelDims) -> None:
+    """This rank's share of the parameters alone, in fp32, larger than its device's whole memory:
+    one line now instead of minutes of allocating (or a swapping host) that end the same way."""
+    m = job.model
+    params = param_count(m)
+    shard = dims.dp_shard * dims.tp if job.parallel.strategy == "fsdp" else 1
+    need = 4 * params // shard
+    where, total = device_memory(job)
+    if need <= total:
+        return
+    raise ConfigError(
+        f"model.name={m.name} (model.dim={m.dim}, model.n_layers={m.n_layers}, model.vocab_size={m.vocab_size}, "
+        f"FFN hidden {m.hidden_dim}): {params / 1e9:.4g}B parameters, {need / 2**30:.4g} GiB in fp32 on each rank"
+        f"{f' (sharded {shard} ways)' if shard > 1 else ''}, more than all {total / 2**30:.4g} GiB of {where}: "
+        "use a smaller model, or shard it (parallel.strategy=fsdp) over more GPUs"
+    )
+
+
+def device_memory(job: JobConfig) -> tuple[str, int]:
+    """(what, bytes): where this rank keeps its parameter shards, and all of that memory."""
+    import torch
+
+    if job.train.device == "cpu" or job.parallel.cpu_offload or not torch.cuda.is_available():
+        return "this host's memory", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    raw = os.environ.get("LOCAL_RANK", "")
+    index = (int(raw) if raw.isascii() and raw.isdigit() else 0) % torch.cuda.device_count()
+    return f"GPU {index}", torch.cuda.get_device_properties(index).total_memory
 
 
 def check_out_dir(out, what: str = "--out") -> Path:

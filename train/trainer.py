@@ -23,6 +23,7 @@ from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.loss import head_args, loss_from
 from train.metrics import MetricsLogger, ProgressBar, StepTimer, mfu, peak_memory_gib
+from train.doctor.memory import param_count
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step, device_gated
 from train.parallel import ParallelDims, Parallelized, parallelize
@@ -395,11 +396,7 @@ def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMe
     first = first.split("] ", 1)[-1] if first.startswith("[enforce fail") else first
     first = first.replace("err == 0. ", "")[:300]
     m = job.model
-    try:
-        with torch.device("meta"):
-            params = f"{count_params(Transformer(m)) / 1e9:.2f}B parameters"
-    except Exception:  # noqa: BLE001 - only for the message
-        params = "parameters"
+    params = f"{param_count(m) / 1e9:.2f}B parameters"
     where = {"startup": "while building the model", "resume": "while loading the checkpoint"}.get(at, f"at step {at}")
     return OutOfMemory(
         f"out of memory on rank {info.rank} ({info.device}) {where}: {first}; model.name={m.name} has "

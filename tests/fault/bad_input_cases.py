@@ -437,10 +437,7 @@ TRAIN_CASES = [
       ["run", *FILE_DATA, "--set", "data.path={bigvocab_bin}", *TINY], 2, "model.vocab_size: 256 is smaller"),
     *[T(f"data-{i}", what, ["run", *FILE_DATA, "--set", f"data.path={{data_{i}}}", *TINY], 2, names)
       for i, (what, names) in enumerate(DATA_CASES)],
-    # ---- train: runtime (exit 1; all after the config checks)
-    T("model-huge", "model.dim=67108864 (far beyond any memory and address space)",
-      ["run", "--set", "model.dim=67108864", "--set", "data.source=synthetic", "--out", "{tmp}/huge-run"], 1,
-      "out of memory on rank 0 (cpu)"),
+    # ---- train: runtime (exit 1; all after the config checks); sizes: bad_input_size_cases.py
     T("fresh-over-checkpoints", "a new run (no --resume) into a directory holding an earlier run",
       ["run", "--set", "data.source=synthetic", *TINY], 2,
       "holds an earlier run (config.yaml, metrics.jsonl, checkpoints/); pass --resume"),

@@ -73,6 +73,24 @@ def test_mesh_and_batch_checks_need_no_process_group():
     check_job(load_config("tiny", ["train.global_batch_size=16", "train.batch_size=4"]), 2)
 
 
+def test_preflight_sizes_params_against_the_whole_device_and_shards_with_fsdp(monkeypatch):
+    """check_fits: this rank's fp32 parameters against all of its device's memory (here a pretend
+    1 GiB host); FSDP divides by the shard ranks, DDP does not. The micro-batch bound too."""
+    from train import preflight
+
+    monkeypatch.setattr(preflight, "device_memory", lambda job: ("a 1 GiB host", 2**30))
+    big = ["model.n_layers=2000", "train.device=cpu"]  # 2000 x 213k + 66k = 426M params, 1.589 GiB fp32
+    with pytest.raises(ConfigError, match=r"model.n_layers=2000.*1.589 GiB in fp32 on each rank, more than all 1 GiB"):
+        check_job(load_config("tiny", big), 2)
+    check_job(load_config("tiny", big + ["parallel.strategy=fsdp"]), 2)  # 0.79 GiB each
+    with pytest.raises(ConfigError, match=r"\(sharded 2 ways\)"):
+        check_job(load_config("tiny", ["model.n_layers=5000", "train.device=cpu", "parallel.strategy=fsdp"]), 2)
+    accum = ["train.batch_size=1", f"train.global_batch_size={2 * (preflight.MAX_ACCUM + 1)}"]
+    with pytest.raises(ConfigError, match=f"needs {preflight.MAX_ACCUM + 1} micro-batches"):
+        check_job(load_config("tiny", accum), 2)
+    check_job(load_config("tiny", ["train.batch_size=1", f"train.global_batch_size={2 * preflight.MAX_ACCUM}"]), 2)
+
+
 def test_cli_config_error_is_one_line_exit_2(tmp_path):
     out = tmp_path / "run"
     res = train_cli(["run", "--out", str(out), "--set", "train.batch_size=0"])

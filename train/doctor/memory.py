@@ -117,7 +117,11 @@ def param_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def param_count(cfg: ModelConfig) -> int:
-    return sum(math.prod(s) for _, s in param_shapes(cfg))
+    """``sum`` of :func:`param_shapes`' sizes in closed form (any ``n_layers``, no list of them)."""
+    d, f, v = cfg.dim, cfg.hidden_dim, cfg.vocab_size
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    block = 2 * d + 2 * q * d + 2 * kv * d + 3 * f * d
+    return 2 * v * d + d + cfg.n_layers * block
 
 
 # nn.Linear weights sharded along dim 1 by tensor parallelism (row-wise); every other
