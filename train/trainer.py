@@ -18,12 +18,12 @@ from train.checkpoint import CheckpointManager
 from train.checkpointer import Checkpointer
 from train.comm.small_reduce import small_all_reduce
 from train.data import ShardInfo, build_loader, to_device
+from train.doctor.memory import param_count
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.loss import head_args, loss_from
 from train.metrics import MetricsLogger, ProgressBar, StepTimer, mfu, peak_memory_gib
-from train.doctor.memory import param_count
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step, device_gated
 from train.parallel import ParallelDims, Parallelized, parallelize

@@ -10,8 +10,8 @@ under the same policy) and a local sum of the rows (:func:`reduce_scatter_by_all
 
 torch >= 2.12 does the all-gather half itself (``FSDPModule.set_symm_mem_for_comm``, used for
 ``all_gather`` when present); torch 2.11 (the device machines') has the pieces but not the method,
-so the same is done through FSDP2's custom-comm hooks (``set_custom_all_gather`` / ``set_custom_reduce_scatter``):
-each staging buffer is allocated from ``torch.distributed._symmetric_memory``'s NCCL memory
+so the same is done through FSDP2's custom-comm hooks (``set_custom_all_gather`` /
+``set_custom_reduce_scatter``): each staging buffer is allocated from ``torch.distributed._symmetric_memory``'s NCCL memory
 pool (reused from step to step, as FSDP2 frees them) and rendezvoused before the collective.
 
 Only with NCCL on CUDA; anywhere else (gloo on the CPU, no such hooks) the default
@@ -161,8 +161,8 @@ def _why_not(device_type: str, group, native: bool) -> str | None:
 
 def apply_symm_mem(units: list, job, device_type: str, group) -> bool:
     """Put the FSDP2 units' collectives (``units`` in forward order) on symmetric-memory buffers
-    (:func:`resolved_mode`: all_gather | all). Returns whether it was applied; else the default collectives stay (one warning where the
-    setting asked for it, silently under ``auto``)."""
+    (:func:`resolved_mode`: all_gather | all). Returns whether it was applied; else the default
+    collectives stay (one warning where the setting asked for it, silently under ``auto``)."""
     mode = resolved_mode(job, device_type)
     if mode == "none" or not units or group.size() < 2:
         return False
