@@ -228,19 +228,20 @@ part_symmrs() {
   KP_GPUS=0,1 KP_NPROC=2 profiled ours fsdp2_all 100 "${c[@]}" --set parallel.fsdp_symm_mem=all
 }
 
-part_symmrs8b() {
-  note "symmrs8b: 8b bf16 on 2 GPUs (chunked loss 2048, ac_skip_last 8): fsdp_symm_mem=all against all_gather; torchtitan"
+symmrs8b_ours() {  # LIMIT: 8b bf16 on 2 GPUs (chunked loss 2048, ac_skip_last 8), fsdp_symm_mem all_gather then all
   local b=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048 --fp8 none
     --set parallel.ac_skip_last=8)
+  ours 0,1 2 8b_bf16_ag "$1" "${b[@]}" --set parallel.fsdp_symm_mem=all_gather
+  ours 0,1 2 8b_bf16_all "$1" "${b[@]}" --set parallel.fsdp_symm_mem=all
+}
+
+part_symmrs8b() {
+  note "symmrs8b: 8b bf16 on 2 GPUs (chunked loss 2048, ac_skip_last 8): fsdp_symm_mem=all against all_gather; torchtitan"
   titan 0,1 2 8b_bf16 120 "${P8B[@]}" --fp8 none
-  ours 0,1 2 8b_bf16_ag 100 "${b[@]}" --set parallel.fsdp_symm_mem=all_gather
-  ours 0,1 2 8b_bf16_all 100 "${b[@]}" --set parallel.fsdp_symm_mem=all
+  symmrs8b_ours 100
 }
 
 part_symmrs8b2() {
   note "symmrs8b2: PART=symmrs8b's two runs of ours without torchtitan (8b bf16, ac_skip_last 8: all_gather, all)"
-  local b=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048 --fp8 none
-    --set parallel.ac_skip_last=8)
-  ours 0,1 2 8b_bf16_ag 90 "${b[@]}" --set parallel.fsdp_symm_mem=all_gather
-  ours 0,1 2 8b_bf16_all 90 "${b[@]}" --set parallel.fsdp_symm_mem=all
+  symmrs8b_ours 90
 }

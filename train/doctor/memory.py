@@ -93,35 +93,43 @@ USABLE_FRACTION = 0.90
 # ----------------------------------------------------------------------------- parameters
 
 
+def _block_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """``(name within the block, shape)`` of one transformer block's parameters."""
+    d, hd, f = cfg.dim, cfg.head_dim, cfg.hidden_dim
+    q, kv = cfg.n_heads * hd, cfg.kv_heads * hd
+    return [
+        ("attention_norm.weight", (d,)),
+        ("attention.wq.weight", (q, d)),
+        ("attention.wk.weight", (kv, d)),
+        ("attention.wv.weight", (kv, d)),
+        ("attention.wo.weight", (d, q)),
+        ("ffn_norm.weight", (d,)),
+        ("feed_forward.w1.weight", (f, d)),
+        ("feed_forward.w3.weight", (f, d)),
+        ("feed_forward.w2.weight", (d, f)),
+    ]
+
+
+def _outer_shapes(cfg: ModelConfig) -> tuple[list, list]:
+    """The parameters before the blocks and after them."""
+    d, v = cfg.dim, cfg.vocab_size
+    return [("tok_embeddings.weight", (v, d))], [("norm.weight", (d,)), ("output.weight", (v, d))]
+
+
 def param_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """``(name, shape)`` of every parameter of ``train.models.llama.Transformer``, in
     ``named_parameters()`` order."""
-    d, hd, f, v = cfg.dim, cfg.head_dim, cfg.hidden_dim, cfg.vocab_size
-    q, kv = cfg.n_heads * hd, cfg.kv_heads * hd
-    shapes: list[tuple[str, tuple[int, ...]]] = [("tok_embeddings.weight", (v, d))]
-    for i in range(cfg.n_layers):
-        p = f"layers.{i}."
-        shapes += [
-            (p + "attention_norm.weight", (d,)),
-            (p + "attention.wq.weight", (q, d)),
-            (p + "attention.wk.weight", (kv, d)),
-            (p + "attention.wv.weight", (kv, d)),
-            (p + "attention.wo.weight", (d, q)),
-            (p + "ffn_norm.weight", (d,)),
-            (p + "feed_forward.w1.weight", (f, d)),
-            (p + "feed_forward.w3.weight", (f, d)),
-            (p + "feed_forward.w2.weight", (d, f)),
-        ]
-    shapes += [("norm.weight", (d,)), ("output.weight", (v, d))]
-    return shapes
+    block = _block_shapes(cfg)
+    before, after = _outer_shapes(cfg)
+    layers = [(f"layers.{i}.{name}", shape) for i in range(cfg.n_layers) for name, shape in block]
+    return [*before, *layers, *after]
 
 
 def param_count(cfg: ModelConfig) -> int:
-    """``sum`` of :func:`param_shapes`' sizes in closed form (any ``n_layers``, no list of them)."""
-    d, f, v = cfg.dim, cfg.hidden_dim, cfg.vocab_size
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    block = 2 * d + 2 * q * d + 2 * kv * d + 3 * f * d
-    return 2 * v * d + d + cfg.n_layers * block
+    """``sum`` of :func:`param_shapes`' sizes without listing the blocks (any ``n_layers``)."""
+    before, after = _outer_shapes(cfg)
+    outer = sum(math.prod(s) for _, s in before + after)
+    return outer + cfg.n_layers * sum(math.prod(s) for _, s in _block_shapes(cfg))
 
 
 # nn.Linear weights sharded along dim 1 by tensor parallelism (row-wise); every other
