@@ -120,9 +120,10 @@ ours() {  # GPUS NPROC NAME LIMIT ARGS...: one `train bench step` launch
   shift 4
   # A fresh inductor cache per launch: the AOT-autograd/FX caches key on the traced graph,
   # not on the SDPA kernel flags, so a cached graph of another run could bring its kernel.
-  TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/$name" CUDA_VISIBLE_DEVICES="$gpus" timeout -k 10 "$limit" \
-    "${TRUN[@]}" --nproc-per-node "$nproc" "${STEP[@]}" \
-    --name "$name" "$@" >"$W/$name.log" 2>&1 || note "$name failed (exit $?); see $name.log"
+  # OURS_DIR: another checkout's root to run `train` from (an A/B of a change in one call)
+  (cd "${OURS_DIR:-.}" && TORCHINDUCTOR_CACHE_DIR="/tmp/perf-inductor/$name" CUDA_VISIBLE_DEVICES="$gpus" \
+    timeout -k 10 "$limit" "${TRUN[@]}" --nproc-per-node "$nproc" "${STEP[@]}" \
+    --name "$name" "$@") >"$W/$name.log" 2>&1 || note "$name failed (exit $?); see $name.log"
   note "$name done"
 }
 

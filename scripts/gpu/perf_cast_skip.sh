@@ -245,3 +245,49 @@ part_symmrs8b2() {
   note "symmrs8b2: PART=symmrs8b's two runs of ours without torchtitan (8b bf16, ac_skip_last 8: all_gather, all)"
   symmrs8b_ours 90
 }
+
+part_ab() {
+  note "ab: 1b FSDP2 on 2 GPUs (chunked loss 8192, reshard never, budget 0.999, fsdp_symm_mem=all), this tree (A) against the tree at OURS_B (B: another checkout's root holding its train/ and launch/, default .abold), twice each, interleaved; torchtitan"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
+    --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999 --set parallel.fsdp_symm_mem=all)
+  local b=${OURS_B:-.abold}  # e.g. mkdir .abold && git archive HEAD train launch | tar -x -C .abold (untracked: it travels)
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_all_a 100 "${c[@]}"
+  OURS_DIR=$b ours 0,1 2 1b_all_b 100 "${c[@]}"
+  ours 0,1 2 1b_all_a_again 100 "${c[@]}"
+  OURS_DIR=$b ours 0,1 2 1b_all_b_again 100 "${c[@]}"
+}
+
+part_reshard() {
+  note "reshard: 1b FSDP2 on 2 GPUs (chunked loss 8192, fsdp_symm_mem=all: both collectives on the copy engines): reshard_after_forward never/auto x activation_memory_budget 0.999/0.9995/1.0; torchtitan"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
+    --set parallel.fsdp_symm_mem=all)
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_never_0999 100 "${c[@]}" --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999
+  ours 0,1 2 1b_auto_1 100 "${c[@]}" --set parallel.reshard_after_forward=auto --set parallel.activation_memory_budget=1.0
+  ours 0,1 2 1b_auto_09995 100 "${c[@]}" --set parallel.reshard_after_forward=auto --set parallel.activation_memory_budget=0.9995
+  ours 0,1 2 1b_never_09995 100 "${c[@]}" --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.9995
+  ours 0,1 2 1b_never_1 100 "${c[@]}" --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=1.0
+  ours 0,1 2 1b_auto_1_again 100 "${c[@]}" --set parallel.reshard_after_forward=auto --set parallel.activation_memory_budget=1.0
+}
+
+part_chunk() {
+  note "chunk: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, reshard_after_forward=never, no activation budget): the chunked loss's chunk 8192 / 4096 / 2048 tokens; never + budget 0.999 (chunk 8192); torchtitan"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
+    --set parallel.reshard_after_forward=never)
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_c4096 100 "${c[@]}" --set train.loss_chunk_tokens=4096
+  ours 0,1 2 1b_c2048 100 "${c[@]}" --set train.loss_chunk_tokens=2048
+  ours 0,1 2 1b_c8192 100 "${c[@]}" --set train.loss_chunk_tokens=8192
+  ours 0,1 2 1b_c8192_0999 100 "${c[@]}" --set train.loss_chunk_tokens=8192 --set parallel.activation_memory_budget=0.999
+  ours 0,1 2 1b_c4096_again 100 "${c[@]}" --set train.loss_chunk_tokens=4096
+}
+
+part_symm8bdef() {
+  note "symm8bdef: 8b bf16 (chunked 2048, ac_skip_last 8) and FP8 tensorwise (ac_skip_last 11, bf16 all-gather) on 2 GPUs with the default fsdp_symm_mem (auto: copy-engine all-gather); torchtitan"
+  local c=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  titan 0,1 2 8b_bf16 120 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16_auto 110 "${c[@]}" --fp8 none --set parallel.ac_skip_last=8
+  titan 0,1 2 8b_fp8 110 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8_auto 110 "${c[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false
+}
