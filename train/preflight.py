@@ -14,7 +14,7 @@ from pathlib import Path
 from launch.errors import InputError
 from launch.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
-from train.doctor.memory import param_count
+from train.doctor.memory import floor_bytes, param_count
 from train.errors import ConfigError
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
@@ -58,20 +58,29 @@ def check_job(job: JobConfig, world_size: int) -> ParallelDims:
 
 
 def check_fits(job: JobConfig, dims: ParallelDims) -> None:
-    """This rank's share of the parameters alone, in fp32, larger than its device's whole memory:
-    one line now instead of minutes of allocating (or a swapping host) that end the same way."""
-    m = job.model
-    params = param_count(m)
+    """What this rank must hold at the least (its fp32 parameters, the RoPE table, one micro-batch's
+    hidden states: :func:`floor_bytes`) larger than its device's whole memory: one line now
+    instead of minutes of allocating (or a swapping host) that end the same way."""
+    m, t = job.model, job.train
     shard = dims.dp_shard * dims.tp if job.parallel.strategy == "fsdp" else 1
-    need = 4 * params // shard
+    parts = floor_bytes(m, t.batch_size, t.seq_len, shard, dims.tp)
     where, total = device_memory(job)
-    if need <= total:
+    if sum(parts.values()) <= total:
         return
+    gib = {k: f"{v / 2**30:.4g} GiB" for k, v in parts.items()}
+    if parts["params"] >= parts["rope"] + parts["hidden"]:
+        params = param_count(m)
+        raise ConfigError(
+            f"model.name={m.name} (model.dim={m.dim}, model.n_layers={m.n_layers}, model.vocab_size={m.vocab_size}, "
+            f"FFN hidden {m.hidden_dim}): {params / 1e9:.4g}B parameters, {gib['params']} in fp32 on each rank"
+            f"{f' (sharded {shard} ways)' if shard > 1 else ''}, more than all {total / 2**30:.4g} GiB of {where}: "
+            "use a smaller model, or shard it (parallel.strategy=fsdp) over more GPUs"
+        )
     raise ConfigError(
-        f"model.name={m.name} (model.dim={m.dim}, model.n_layers={m.n_layers}, model.vocab_size={m.vocab_size}, "
-        f"FFN hidden {m.hidden_dim}): {params / 1e9:.4g}B parameters, {need / 2**30:.4g} GiB in fp32 on each rank"
-        f"{f' (sharded {shard} ways)' if shard > 1 else ''}, more than all {total / 2**30:.4g} GiB of {where}: "
-        "use a smaller model, or shard it (parallel.strategy=fsdp) over more GPUs"
+        f"train.seq_len={t.seq_len} with train.batch_size={t.batch_size} (model.dim={m.dim}): the RoPE table "
+        f"({gib['rope']}) and one micro-batch's hidden states ({gib['hidden']}) alone, with the parameters "
+        f"({gib['params']}), are more than all {total / 2**30:.4g} GiB of {where}: use a shorter sequence or a "
+        "smaller micro-batch"
     )
 
 

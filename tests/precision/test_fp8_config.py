@@ -59,6 +59,9 @@ def test_recipe_defaults_and_validation():
         fp8("te", "tensorwise")
     with pytest.raises(ConfigError, match="fp8.backend"):
         fp8("int4")
+    assert fp8("none", "rowwise").recipe == "rowwise"  # FP8 switched off, its recipe kept: fine
+    with pytest.raises(ConfigError, match="fp8.recipe: 'rowise' is no recipe of torchao or te"):
+        fp8("none", "rowise")
 
 
 def test_fp8_on_cpu_is_a_one_line_config_error_exit_2(tmp_path):

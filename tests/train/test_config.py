@@ -85,6 +85,13 @@ def test_preflight_sizes_params_against_the_whole_device_and_shards_with_fsdp(mo
     check_job(load_config("tiny", big + ["parallel.strategy=fsdp"]), 2)  # 0.79 GiB each
     with pytest.raises(ConfigError, match=r"\(sharded 2 ways\)"):
         check_job(load_config("tiny", ["model.n_layers=5000", "train.device=cpu", "parallel.strategy=fsdp"]), 2)
+    # the RoPE table (4 x seq x head_dim) and one micro-batch's bf16 hidden states (2 x b x seq x dim)
+    long = ["train.device=cpu", "model.max_seq_len=4194304", "train.seq_len=4194304"]  # 0.5 + 1 GiB at b=1
+    with pytest.raises(ConfigError, match=r"train.seq_len=4194304 with train.batch_size=1 .*RoPE table \(0.5 GiB\)"
+                       r" and one micro-batch's hidden states \(1 GiB\)"):
+        check_job(load_config("tiny", long + ["train.batch_size=1"]), 1)
+    check_job(load_config("tiny", long[:1] + ["model.max_seq_len=1048576", "train.seq_len=1048576",
+                                               "train.batch_size=1"]), 1)  # 0.375 GiB
     accum = ["train.batch_size=1", f"train.global_batch_size={2 * (preflight.MAX_ACCUM + 1)}"]
     with pytest.raises(ConfigError, match=f"needs {preflight.MAX_ACCUM + 1} micro-batches"):
         check_job(load_config("tiny", accum), 2)

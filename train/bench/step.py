@@ -218,7 +218,6 @@ def _row_and_job(point: dict, info) -> tuple[dict, object]:
     """The point's report row and its job config (None, the row saying why, when the
     config cannot run on this world size)."""
     from train import preflight
-    from train.config import load_config
     from train.errors import ConfigError
 
     row = {k: point[k] for k in GRID_KEYS}
@@ -226,7 +225,7 @@ def _row_and_job(point: dict, info) -> tuple[dict, object]:
     row["overrides"] = " ".join(point["set"])
     row["gpus"] = info.world_size
     try:
-        job = load_config(None, job_overrides(point))
+        job = _point_job(point)
         preflight.check_job(job, info.world_size)
     except ConfigError as exc:
         row["status"] = f"skipped: {' '.join(str(exc).split())}"[:200]
@@ -234,16 +233,30 @@ def _row_and_job(point: dict, info) -> tuple[dict, object]:
     return row, job
 
 
+def _point_job(point: dict):
+    """The point's job config, loaded once (kept in the point); its ConfigError each time."""
+    from train.config import load_config
+    from train.errors import ConfigError
+
+    if "_job" not in point:
+        try:
+            point["_job"] = load_config(None, job_overrides(point))
+        except ConfigError as exc:
+            point["_job"] = exc
+    if isinstance(point["_job"], ConfigError):
+        raise ConfigError(str(point["_job"]))
+    return point["_job"]
+
+
 def _points_nccl_env(points: list[dict]) -> dict[str, str]:
     """The NCCL variables any point's settings need before the one process group starts."""
-    from train.config import load_config
     from train.errors import ConfigError
     from train.parallel.symm_comm import nccl_env
 
     env: dict[str, str] = {}
     for point in points:
         try:
-            env.update(nccl_env(load_config(None, job_overrides(point))))
+            env.update(nccl_env(_point_job(point)))
         except ConfigError:  # reported as that point's row
             continue
     return env

@@ -400,13 +400,29 @@ def _recompute(j: int, cfg: ModelConfig, s: _Sizes, act: _Activations, ckpt_bloc
     return saved + act.logits + act.per_block + act.grad_flow + written
 
 
+def rope_bytes(cfg: ModelConfig, seq: int) -> int:
+    """The RoPE cos/sin table, fp32, replicated: the trainer sizes it to ``train.seq_len``."""
+    return 4 * seq * cfg.head_dim
+
+
+def floor_bytes(cfg: ModelConfig, batch: int, seq: int, shard: int, tp: int) -> dict[str, int]:
+    """What one rank holds at the least under any setting (precision, AC, loss, compile): its
+    parameters in fp32 (``shard`` ways), the RoPE table, and one micro-batch's residual stream
+    once, in bf16 (split ``tp`` ways, as sequence parallelism would)."""
+    return {
+        "params": 4 * param_count(cfg) // shard,
+        "rope": rope_bytes(cfg, seq),
+        "hidden": 2 * batch * seq * cfg.dim // tp,
+    }
+
+
 def estimate(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> MemoryEstimate:
     """Peak bytes on one GPU for one training step (steady state: optimizer states exist)."""
     if batch < 1 or seq < 1:
         raise ValueError("batch and seq must be >= 1")
     s = _sizes(cfg, plan)
     params = grads = 4 * s.local
-    buffers = 4 * seq * cfg.head_dim  # RoPE cos/sin table, fp32, replicated: the trainer sizes it to train.seq_len
+    buffers = rope_bytes(cfg, seq)
     optimizer = 8 * s.local + 4 * s.tensors
     ckpt_blocks = _checkpointed(cfg, plan)
     act = _activations(cfg, batch, seq, plan, len(ckpt_blocks))

@@ -31,5 +31,8 @@ class Float8Config:
         if self.backend != "none" and self.backend not in RECIPES:
             raise ConfigError(f"fp8.backend: must be none, torchao or te, got {self.backend!r}")
         valid = RECIPES.get(self.backend)
+        known = sorted({r for recipes in RECIPES.values() for r in recipes})
+        if not valid and self.recipe != "auto" and self.recipe not in known:  # backend none: unused, but a typo
+            raise ConfigError(f"fp8.recipe: {self.recipe!r} is no recipe of torchao or te (valid: auto, {', '.join(known)})")
         if valid and self.resolved_recipe not in valid:
             raise ConfigError(f"fp8.recipe: {self.recipe!r} is not a {self.backend} recipe (valid: {', '.join(valid)})")
