@@ -291,3 +291,23 @@ part_symm8bdef() {
   titan 0,1 2 8b_fp8 110 "${P8B[@]}" --fp8 tensorwise
   ours 0,1 2 8b_fp8_auto 110 "${c[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false
 }
+
+part_five() {
+  note "five: the issue's five points in one call, ours with each point's best settings so far (1b one GPU: recompute_param_casts + chunked 8192; 1b FSDP2: chunked 8192, never, budget 0.999, fsdp_symm_mem=all; 8b: chunked 2048, ac_skip_last 8 (bf16) / 11 (FP8, bf16 all-gather), default fsdp_symm_mem); then 8b FP8 with the float8 all-gather; torchtitan"
+  local one=(--strategy fsdp "${P1B[@]}" "${OURS[@]}" --set parallel.recompute_param_casts=true
+    --set train.loss=chunked --set train.loss_chunk_tokens=8192)
+  local c8=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  # one GPU each side at the same time, as in PART=recast
+  (titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise) &
+  (ours 1 1 1b_bf16 120 "${one[@]}" --fp8 none; ours 1 1 1b_fp8 120 "${one[@]}" --fp8 tensorwise) &
+  wait
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_fsdp2 100 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked \
+    --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never \
+    --set parallel.activation_memory_budget=0.999 --set parallel.fsdp_symm_mem=all
+  titan 0,1 2 8b_bf16 120 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16 110 "${c8[@]}" --fp8 none --set parallel.ac_skip_last=8
+  titan 0,1 2 8b_fp8 110 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8 110 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false
+  ours 0,1 2 8b_fp8_f8ag 110 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=true
+}

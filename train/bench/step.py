@@ -291,6 +291,7 @@ def run_point(point: dict, info) -> dict:
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(info.device)
+        torch.cuda.reset_accumulated_memory_stats(info.device)  # num_alloc_retries: this point's own
     workdir = Path(tempfile.mkdtemp(prefix="bench-step-"))
     trainer, memory, code = None, None, 0.0
     try:
@@ -318,8 +319,13 @@ def run_point(point: dict, info) -> dict:
         peak = trainer.metrics.peak_tflops
         row["mfu"] = trainer.metrics.mfu(row["tokens_per_s_per_gpu"]) if peak else None
         if cuda:
-            peak_mem, act = _reduce_max([torch.cuda.max_memory_allocated(info.device), memory.delta], info)
+            stats = torch.cuda.memory_stats(info.device)
+            peak_mem, act, reserved, retries = _reduce_max([
+                torch.cuda.max_memory_allocated(info.device), memory.delta, torch.cuda.max_memory_reserved(info.device),
+                stats.get("num_alloc_retries", 0)], info)
             row["peak_mem_gib"], row["act_mem_gib"] = peak_mem / 2**30, act / 2**30
+            # the allocator's own peak; how often it freed its cache to retry a cudaMalloc (a device sync each)
+            row["reserved_gib"], row["alloc_retries"] = reserved / 2**30, int(retries)
         row["first_loss"], row["final_loss"] = losses[0], losses[-1]
         row["losses"] = losses
         row["status"] = "ok"
