@@ -12,9 +12,10 @@ embedded``) and calls its ``train_step()``: the same model build, parallelizatio
 FP8 conversion and step as ``train run``, no second training loop. ``--warmup`` steps
 (compile, allocator, autotuning; their time is reported as ``warmup_s``), then
 ``--steps`` timed steps: CUDA events around each step, median. Reported per point:
-step time, tokens/s (all GPUs), tokens/s/GPU, MFU, peak memory per GPU (max over
-ranks), activation memory (memory held at the end of the forward pass minus before
-it, max over ranks), first and final loss. A point that runs out of memory, or whose
+step time, tokens/s (all GPUs), tokens/s/GPU, MFU, peak memory per GPU, activation memory
+(memory held at the end of the forward pass minus before it), the caching allocator's peak
+(``reserved_gib``) and its cudaMalloc retries (max over ranks; ``train.bench.gpu_stats``),
+first and final loss. A point that runs out of memory, or whose
 config cannot run here, becomes a row with its status; the grid goes on.
 
 Strategies: ``ddp``; ``fsdp`` (shard over all ranks); ``hsdp`` (2 replicas x shard);
@@ -51,9 +52,9 @@ from pathlib import Path
 
 import click
 import torch
-import torch.distributed as dist
 
 from launch.safety import excerpt, load_yaml_file, parse_ascii_int
+from train.bench.gpu_stats import ForwardMemory, memory_columns, reduce_max
 from train.config import MAX_TIMEOUT_S
 from train.console import setup
 from train.errors import ConfigError
@@ -162,27 +163,6 @@ def job_overrides(point: dict) -> list[str]:
     ]
 
 
-class _ForwardMemory:
-    """Memory allocated by the forward pass and still held when it returns
-    (saved activations + logits): hooks on the model's outermost module."""
-
-    def __init__(self, model: torch.nn.Module, device: torch.device):
-        self.device = device
-        self.before = 0
-        self.delta = 0
-        self.handles = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
-
-    def _pre(self, module, args):
-        self.before = torch.cuda.memory_allocated(self.device)
-
-    def _post(self, module, args, output):
-        self.delta = max(self.delta, torch.cuda.memory_allocated(self.device) - self.before)
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
 class _StepClock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -199,14 +179,6 @@ class _StepClock:
         t0 = time.perf_counter()
         out = fn()
         return time.perf_counter() - t0, out
-
-
-def _reduce_max(values: list[float], info) -> list[float]:
-    if info.backend is None:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=info.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -274,7 +246,7 @@ def _release(point: dict, cuda: bool, workdir: Path) -> None:
 
 def _agree(row: dict, code: float, info) -> None:
     """Every rank reports the worst outcome of the point (all ranks must agree on the row)."""
-    worst = _reduce_max([code], info)[0]
+    worst = reduce_max([code], info)[0]
     if worst and code == 0:
         row["status"] = "OOM on another rank" if worst == 1 else "failed on another rank"
 
@@ -305,13 +277,13 @@ def run_point(point: dict, info) -> dict:
             losses.append(trainer.train_step()[0])
         row["warmup_s"] = time.perf_counter() - t0
         if cuda:
-            memory = _ForwardMemory(trainer.par.model, info.device)
+            memory = ForwardMemory(trainer.par.model, info.device)
         times = []
         for _ in range(point["steps"]):
             dt, (loss, _, _) = clock.time(trainer.train_step)
             times.append(dt)
             losses.append(loss)
-        step_s = _reduce_max([statistics.median(times)], info)[0]
+        step_s = reduce_max([statistics.median(times)], info)[0]
         tokens = job.train.batch_size * job.train.seq_len * trainer.accum * trainer.par.dp_world
         row["step_ms"] = step_s * 1000
         row["tokens_per_s"] = tokens / step_s
@@ -319,13 +291,7 @@ def run_point(point: dict, info) -> dict:
         peak = trainer.metrics.peak_tflops
         row["mfu"] = trainer.metrics.mfu(row["tokens_per_s_per_gpu"]) if peak else None
         if cuda:
-            stats = torch.cuda.memory_stats(info.device)
-            peak_mem, act, reserved, retries = _reduce_max([
-                torch.cuda.max_memory_allocated(info.device), memory.delta, torch.cuda.max_memory_reserved(info.device),
-                stats.get("num_alloc_retries", 0)], info)
-            row["peak_mem_gib"], row["act_mem_gib"] = peak_mem / 2**30, act / 2**30
-            # the allocator's own peak; how often it freed its cache to retry a cudaMalloc (a device sync each)
-            row["reserved_gib"], row["alloc_retries"] = reserved / 2**30, int(retries)
+            row.update(memory_columns(info, memory.delta))
         row["first_loss"], row["final_loss"] = losses[0], losses[-1]
         row["losses"] = losses
         row["status"] = "ok"
