@@ -41,7 +41,12 @@ SHELL_OWNED = frozenset((
 
 
 def shell_owned(name: str) -> bool:
-    return name in SHELL_OWNED or name.startswith("BASH_")
+    return name in SHELL_OWNED or name.startswith("BASH_") or name.startswith(LAUNCH_PREFIX)
+
+
+# The launcher scripts' own variables (LAUNCH_STOP_FILE, LAUNCH_RDZV_ENDPOINT, LAUNCH_ENGINE_FLAGS...):
+# set by the scripts, never by the job (LAUNCH_STOP_FILE names a file the scripts write).
+LAUNCH_PREFIX = "LAUNCH_"
 
 
 @lru_cache(maxsize=1)
@@ -69,6 +74,9 @@ def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False
 
 def check_not_shell_owned(where: str, name: str) -> None:
     if shell_owned(name):
+        if name.startswith(LAUNCH_PREFIX):
+            raise SpecError(f"{where} {name}: {LAUNCH_PREFIX}* names are the launcher scripts' own variables; "
+                            "choose another name")
         raise SpecError(f"{where} {name}: a variable bash itself sets or reads; the launcher scripts export "
                         "the job's environment and would break (or stop) on it")
 

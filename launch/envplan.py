@@ -103,23 +103,23 @@ def _debug_settings(spec: JobSpec) -> list[tuple[str, str, str]]:
 def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
     """``compute_domain``: the job has an IMEX domain (Kubernetes ComputeDomain), so the
     profile's ``compute_domain_env`` (multi-node NVLink) applies too."""
-    entries: dict[str, EnvVar | tuple[None, str, str | None]] = {}
+    entries: dict[str, EnvVar | tuple[str, str, str | None]] = {}
     warnings: list[str] = []
 
-    def put(name: str, value: str | None, why: str, option: str | None = None) -> None:
-        if value is None:
-            entries[name] = (None, why, option)
+    def put(name: str, value: str | None, why: str, option: str | None = None, owner: str = "") -> None:
+        if value is None:  # a site value the file (owner) asks for
+            entries[name] = (owner, why, option)
         else:
             entries[name] = EnvVar(name, value, " ".join(why.split()))
 
     for name, value, why in _torch_defaults(spec):
         put(name, value, why)
-    for source in (spec.profile, spec.fabric):
+    for source, owner in ((spec.profile, f"profile {spec.profile.name!r}"), (spec.fabric, f"fabric {spec.fabric.name!r}")):
         for entry in source.env:
-            put(entry.name, entry.value, entry.why, entry.option)
+            put(entry.name, entry.value, entry.why, entry.option, owner)
     if compute_domain:
         for entry in spec.profile.compute_domain_env:
-            put(entry.name, entry.value, entry.why, entry.option)
+            put(entry.name, entry.value, entry.why, entry.option, f"profile {spec.profile.name!r}")
 
     for attr, name, option in NETWORK_OPTIONS:
         value = getattr(spec.network, attr)
@@ -149,14 +149,17 @@ def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
 
     missing = [(n, e) for n, e in entries.items() if isinstance(e, tuple)]
     if missing:
-        name, (_, why, option) = missing[0]
+        name, (owner, why, option) = missing[0]
         hint = f"pass {option} VALUE" if option else f"pass --env {name}=VALUE"
-        raise SpecError(f"fabric {spec.fabric.name!r} needs {name} for this site: {hint} ({why})")
+        raise SpecError(f"{owner} needs {name} for this site: {hint} ({why})")
 
     variables = tuple(e for e in entries.values() if isinstance(e, EnvVar))
     check_safe(variables)
     return EnvPlan(variables, tuple(warnings))
 
+
+# Linux's limit on one argument or environment string of execve (32 pages of 4 KiB, with its NUL).
+MAX_ARG_STRLEN = 131072
 
 # NVLink multicast switches: the one value each may take (the device machines need
 # multicast off; nothing launch renders may switch it on).
@@ -179,3 +182,7 @@ def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
             raise SpecError(f"{var.name} is not an NCCL variable: {NOT_NCCL[var.name]}")
         check_not_shell_owned("environment variable", var.name)  # profile and fabric files too
         reject_nul(f"environment variable {var.name}", var.value)  # no process can receive it
+        size = len(var.name.encode()) + 1 + len(var.value.encode("utf-8", "surrogateescape"))
+        if size >= MAX_ARG_STRLEN:  # execve refuses it: torchrun and every worker would fail to start
+            raise SpecError(f"environment variable {var.name}: {size} bytes as NAME=VALUE; Linux takes at most "
+                            f"{MAX_ARG_STRLEN - 1} in one environment string (MAX_ARG_STRLEN)")

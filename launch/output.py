@@ -6,6 +6,7 @@ import os
 import sys
 
 from launch.errors import SpecError
+from launch.runlayout import check_not_in_run
 from launch.safety import atomic_write, check_output_target, excerpt
 
 
@@ -14,6 +15,7 @@ def check_target(output: str | None) -> None:
     if output is None or output == "-":
         return
     check_output_target(output, "-o")
+    check_not_in_run("-o", output)  # a script over a checkpoint's manifest loses the checkpoint
 
 
 def check_not_input(output: str | None, inputs) -> None:

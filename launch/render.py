@@ -14,7 +14,7 @@ Every piece of shell quoting in ``launch`` is here: backends build plain ``str``
 Filters (each returns ``Quoted``):
 
 * ``sh``      - one shell word: ``shlex.quote`` for printable text, ``$'...'`` (ANSI-C, every
-                byte escaped) for text with ``$``, backticks, control characters,
+                byte escaped) for text with ``$``, backticks, backslashes, control characters,
                 non-printable or non-UTF-8 characters; ``Shell`` fragments (written by a template author) unchanged
 * ``shwords`` - a list of ``sh`` words joined by spaces
 * ``comment`` - free text for a comment line (control characters flattened to spaces)
@@ -74,9 +74,10 @@ def sh(token: object) -> Quoted:
     if isinstance(token, (Shell, Quoted)):
         return Quoted(token)
     text = str(token)
-    if not _printable(text) or "$" in text or "`" in text:
+    if not _printable(text) or "$" in text or "`" in text or "\\" in text:
         # ANSI-C form also for '$' and '`': the same word, and shellcheck does not suspect a
-        # forgotten expansion (SC2016) in it
+        # forgotten expansion (SC2016) in it; and for backslashes: one before a closing quote reads as an
+        # escaped quote (SC1003)
         return Quoted(_ansi_c(text))
     quoted = shlex.quote(text)
     if quoted == text and ("," in quoted or quoted.startswith("=")):

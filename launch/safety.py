@@ -19,6 +19,7 @@ same code without an upward import: ``train`` imports it, never the other way ro
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -399,12 +400,20 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, executable: bool = 
     p = check_output_target(path, what)
     payload = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
     mode = (0o777 if executable else 0o666) & ~_umask()
+    try:  # a file replaced keeps its permissions (a chmod 600 config stays private) and, where allowed, owner
+        old = os.stat(p)
+        mode = (old.st_mode & 0o7777) | (((old.st_mode & 0o444) >> 2) if executable else 0)
+    except FileNotFoundError:
+        old = None
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:100]}.", suffix=".tmp", dir=str(p.parent))
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
+        if old is not None and (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+            with contextlib.suppress(OSError):
+                os.chown(tmp, old.st_uid, old.st_gid)
         os.chmod(tmp, mode)
         check_output_target(p, what)  # narrow the window: a FIFO/symlink placed meanwhile is refused
         os.replace(tmp, p)

@@ -45,6 +45,7 @@ from pathlib import Path
 import click
 
 from launch.errors import InputError
+from launch.runlayout import check_not_in_run
 from launch.safety import atomic_write, check_output_target
 from train.config import MAX_TIMEOUT_S
 
@@ -251,6 +252,7 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
     if json_path is not None:
         try:  # a directory, FIFO, device, symlink, missing or system directory, a name too long: now, not after
             check_output_target(json_path, "--json")  # the measurement
+            check_not_in_run("--json", json_path)
         except InputError as exc:
             fail(str(exc), 2)
 

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from launch.errors import InputError
+from launch.runlayout import ASIDE_PREFIX, RUN_OWNED, inside_run
 from launch.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
 from train.doctor.memory import floor_bytes, param_count
@@ -19,7 +20,6 @@ from train.errors import ConfigError
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
 from train.precision.fp8 import check_float8
-from train.rundir import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
 
 
 # gradient-accumulation micro-batches per optimizer step beyond which global_batch_size is a typo
@@ -109,34 +109,11 @@ def check_out_dir(out, what: str = "--out") -> Path:
     return check_dir(what, text)
 
 
-def _is_run_dir(path: Path) -> bool:
-    """``path`` is (or was) a ``train run`` directory: its lock, or a config.yaml it wrote."""
-    if os.path.lexists(path / LOCK_NAME):
-        return True
-    try:
-        with open(path / CONFIG_NAME, "rb") as fh:
-            return fh.read(len(HISTORY_HEAD)) == HISTORY_HEAD.encode()
-    except OSError:
-        return False
-
-
 def check_not_in_other_run(shown: str, path: str) -> None:
     """Refuse ``path`` (named ``shown`` in the message) inside another run's own entries."""
-    inside = inside_other_run(path)
+    inside = inside_run(path)
     if inside:
         raise ConfigError(f"{shown}: inside another run's {excerpt(inside)} (its own files); use a place of its own")
-
-
-def inside_other_run(path: str) -> str | None:
-    """The entry of another run directory that ``path`` (through symbolic links) lies in:
-    ``RUN/checkpoints/...``, ``RUN/traces/...``, ``RUN/replaced-.../...`` - a run writing
-    there would mix its files with that run's, and its --overwrite would move them."""
-    real = Path(os.path.realpath(path))
-    for parent in real.parents:
-        child = real.relative_to(parent).parts[0]
-        if (child in RUN_OWNED or child.startswith(ASIDE_PREFIX)) and _is_run_dir(parent):
-            return str(parent / child)
-    return None
 
 
 def _check_name(what: str, text: str) -> None:
@@ -266,10 +243,6 @@ def _check_default_cache_dir() -> None:
         raise ConfigError(f"{what} {excerpt(text)} is a system directory; set data.cache_dir")
     check_not_in_other_run(f"{what} {excerpt(text)}", text)
     check_dir(what, text)
-
-
-# What a run writes into its own directory: a metrics file must never be one of them.
-RUN_OWNED = (*RUN_FILES, LOCK_NAME)
 
 
 PROM_NAME_MAX = 200  # + ".PID.THREAD-ID" of the temporary file: within the 255 bytes of a name

@@ -31,18 +31,12 @@ from pathlib import Path
 import yaml
 
 from launch.errors import InputError
+from launch.runlayout import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
 from launch.safety import atomic_write, excerpt, load_yaml_file
 from train.config import JobConfig
 from train.errors import ConfigError, RunDirBusy
 
-LOCK_NAME = ".train.lock"
-CONFIG_NAME = "config.yaml"
 HISTORY_PREFIX = "# - "
-HISTORY_HEAD = "# Run history of this directory (train run)"
-# What an earlier run leaves in OUT (a fresh run into OUT would mix its files with these).
-RUN_FILES = (CONFIG_NAME, "metrics.jsonl", "checkpoints", "flight_recorder", "tb", "traces", "wandb")
-# --overwrite moves an earlier run's files into OUT/<ASIDE_PREFIX><UTC time>.
-ASIDE_PREFIX = "replaced-"
 # Keys that may change on --resume without changing what is trained.
 RESUME_SAFE_KEYS = (
     "train.steps", "train.log_every", "train.timeout_s", "train.shutdown_grace_s", "train.device",

@@ -160,7 +160,8 @@ run_torchrun() {
     return "$launch_status"
   fi
   echo "launch: stopped by SIG$launch_stop_signal; the training processes exited cleanly (checkpoint written)" >&2
-  if [[ -n ${LAUNCH_STOP_FILE:-} ]]; then
+  # the Slurm script's marker (TMPDIR/launch-JOB-RESTART.stopped): no other file is ever written
+  if [[ ${LAUNCH_STOP_FILE:-} == */launch-*.stopped && ! -L $LAUNCH_STOP_FILE ]]; then
     echo "$launch_stop_signal" >"$LAUNCH_STOP_FILE"
   fi
   if [[ $stopped_exit == signal ]]; then

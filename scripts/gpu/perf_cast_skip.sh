@@ -250,12 +250,12 @@ part_ab() {
   note "ab: 1b FSDP2 on 2 GPUs (chunked loss 8192, reshard never, budget 0.999, fsdp_symm_mem=all), this tree (A) against the tree at OURS_B (B: another checkout's root holding its train/ and launch/, default .abold), twice each, interleaved; torchtitan"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=8192
     --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999 --set parallel.fsdp_symm_mem=all)
-  local b=${OURS_B:-.abold}  # e.g. mkdir .abold && git archive HEAD train launch | tar -x -C .abold (untracked: it travels)
+  local other=${OURS_B:-.abold}  # e.g. mkdir .abold && git archive HEAD train launch | tar -x -C .abold (untracked: it travels)
   titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
   ours 0,1 2 1b_all_a 100 "${c[@]}"
-  OURS_DIR=$b ours 0,1 2 1b_all_b 100 "${c[@]}"
+  OURS_DIR=$other ours 0,1 2 1b_all_b 100 "${c[@]}"
   ours 0,1 2 1b_all_a_again 100 "${c[@]}"
-  OURS_DIR=$b ours 0,1 2 1b_all_b_again 100 "${c[@]}"
+  OURS_DIR=$other ours 0,1 2 1b_all_b_again 100 "${c[@]}"
 }
 
 part_reshard() {

@@ -1,6 +1,7 @@
 """train.comm.advice: the one table that picks none / LocalSGD / PowerSGD from a link's busbw."""
 
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -54,14 +55,19 @@ def test_more_compute_per_byte_moves_the_choice():
 
 def test_apply_writes_comm_keys_and_keeps_the_rest(tmp_path):
     cfg = tmp_path / "job.yaml"
-    cfg.write_text("model:\n  name: tiny\ncomm:\n  hook: topk\n  topk_ratio: 0.05\n  measure: true\n")
-    advice.apply_to_config(cfg, advice.recommend(1.2))
+    before = "# my notes\nmodel:\n  name: tiny  # small\ncomm:\n  hook: topk\n  topk_ratio: 0.05\n  measure: true\n"
+    cfg.write_text(before)
+    cfg.chmod(0o600)
+    kept = advice.apply_to_config(cfg, advice.recommend(1.2))
+    assert kept == str(tmp_path / "job.yaml.before-apply") and Path(kept).read_text() == before  # comments too
+    assert cfg.stat().st_mode & 0o777 == 0o600  # a private config stays private
     data = yaml.safe_load(cfg.read_text())
     assert data["model"] == {"name": "tiny"}
     assert data["comm"] == {"measure": True, "hook": "powersgd", "powersgd_rank": 4, "powersgd_start_iter": 10}
     assert load_config(str(cfg)).comm.hook == "powersgd"
+    assert advice.apply_to_config(cfg, advice.recommend(1.2)) == str(tmp_path / "job.yaml.before-apply.1")
     fresh = tmp_path / "new.yaml"
-    advice.apply_to_config(fresh, advice.recommend(40.0))
+    assert advice.apply_to_config(fresh, advice.recommend(40.0)) is None
     assert load_config(str(fresh)).comm.hook == "localsgd"
 
 
@@ -72,7 +78,7 @@ def test_apply_refuses_a_broken_config_and_leaves_it(tmp_path):
         advice.apply_to_config(cfg, advice.recommend(1.2))
     assert cfg.read_text() == "- not\n- a mapping\n"
     cfg.write_text("train:\n  bogus: 1\n")
-    with pytest.raises(ConfigError, match="would not load"):
+    with pytest.raises(ConfigError, match="does not load as a config: train.bogus"):
         advice.apply_to_config(cfg, advice.recommend(1.2))
     assert cfg.read_text() == "train:\n  bogus: 1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]

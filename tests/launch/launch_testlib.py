@@ -123,6 +123,8 @@ HOSTILE = [
     "new\nline",
     "tab\there",
     "back\\slash",
+    "trailing\\",  # 'trailing\' reads to shellcheck as an escaped quote (SC1003)
+    "x\\'y",
     "$HOME",
     "${{PATH}}",
     "*",

@@ -226,3 +226,17 @@ def _env(options: list[str]) -> dict[str, str]:
             name, _, value = line[len("export "):].partition("=")
             result[name] = shlex.split(value)[0] if value else ""
     return result
+
+
+def test_env_values_a_process_cannot_receive_and_missing_site_values_name_their_file(tmp_path):
+    """One environment string over Linux's 128 KiB (MAX_ARG_STRLEN) would fail every exec of the
+    job: refused at render. A profile entry without a value is the profile's, not the fabric's."""
+    rc, _, err = run_inproc(["env", "--env", "BIG=" + "v" * 131072])
+    assert rc == 2 and "BIG: 131076 bytes as NAME=VALUE; Linux takes at most 131071" in err, err
+    assert run_inproc(["env", "--env", "BIG=" + "v" * 131067])[0] == 0  # 131071 bytes: the most that fits
+    h100 = yaml.safe_load((REPO / "launch" / "profiles" / "h100.yaml").read_text())
+    h100["env"]["SITE_THING"] = {"value": None, "why": "the site's own value"}
+    path = tmp_path / "sitevalue.yaml"
+    path.write_text(yaml.safe_dump(h100))
+    rc, _, err = run_inproc(["env", "--profile", str(path)])
+    assert rc == 2 and "profile 'sitevalue' needs SITE_THING for this site: pass --env SITE_THING=VALUE" in err, err

@@ -110,6 +110,9 @@ def _run(script: str, workdir: Path, env: dict, *args: str) -> subprocess.Comple
     path = workdir / "job.sh"
     path.write_text(script)
     path.chmod(0o755)
+    lint = subprocess.run([SHELLCHECK, "--shell=bash", "--severity=style", str(path)], capture_output=True, text=True,
+                          timeout=120)  # the hostile values too (a trailing backslash: SC1003)
+    assert lint.returncode == 0, lint.stdout[:3000]
     return subprocess.run(
         ["bash", str(path), *args], cwd=workdir, env={**os.environ, **env}, capture_output=True, text=True, timeout=60
     )

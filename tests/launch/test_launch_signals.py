@@ -24,7 +24,10 @@ def test_signal_to_rendered_torchrun_script_checkpoints_and_exits_documented_sta
     script.write_text(render(["torchrun", "--nproc-per-node", "2", "--env", "OMP_NUM_THREADS=1", "--", "--config",
                               "tiny", "--steps", "2000", "--set", "train.log_every=1", "--set", "train.batch_size=4",
                               "--set", "train.seq_len=32", "--out", str(out)]))
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    victim = tmp_path / "victim.txt"  # an inherited LAUNCH_STOP_FILE that is no stop marker is never written
+    victim.write_text("precious\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+           "LAUNCH_STOP_FILE": str(victim)}
     proc = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -42,6 +45,7 @@ def test_signal_to_rendered_torchrun_script_checkpoints_and_exits_documented_sta
     assert proc.returncode == status, output[-3000:]
     assert "Traceback" not in output and "SignalException" not in output, output[-3000:]
     assert f"launch: stopped by SIG{sig.name[3:]}; the training processes exited cleanly" in output
+    assert victim.read_text() == "precious\n"
     step = int(output.split("preempted: checkpoint written at step ")[1].split(";")[0])
     latest = (out / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step_{step:08d}"

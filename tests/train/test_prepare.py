@@ -156,6 +156,15 @@ def test_bad_inputs_are_one_line_errors_and_nothing_is_overwritten(corpus, tmp_p
     assert taken.read_bytes() == b"precious"
     assert "I/N" in _one_error(train_cli(["data", "prepare", str(good), *tok, "--out", str(tmp_path / "w.bin"),
                                           "--shard", "3"]))
+    mine = tmp_path / "mine.bin.parts"  # a directory of the user's where the parts would go: never adopted, never removed
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    assert "no preparation's parts" in _one_error(train_cli(["data", "prepare", str(good), *tok,
+                                                              "--out", str(tmp_path / "mine.bin")]))
+    assert (mine / "notes.txt").read_text() == "precious"
+    (tmp_path / "f.bin.parts").write_text("a file")
+    assert "not a directory" in _one_error(train_cli(["data", "prepare", str(good), *tok,
+                                                       "--out", str(tmp_path / "f.bin")]))
 
 
 def test_tiny_preset_trains_on_prepared_text(corpus, tmp_path):

@@ -385,10 +385,11 @@ def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
     json_path.write_text(json.dumps(data, indent=2))
     if apply_path is not None:
         try:
-            advice.apply_to_config(apply_path, adv)
+            kept = advice.apply_to_config(apply_path, adv)
         except (ConfigError, OSError) as exc:
             fail(str(exc), 2)
-        click.echo(f"applied: {apply_path} now has {' '.join(adv.overrides)}")
+        click.echo(f"applied: {apply_path} now has {' '.join(adv.overrides)}"
+                   + (f" (its previous version, comments included, is kept as {kept})" if kept else ""))
 
 
 def _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds, p2p_bytes, raw):

@@ -127,11 +127,13 @@ def read_apply_target(path) -> dict:
     from pathlib import Path
 
     from launch.errors import InputError
+    from launch.runlayout import check_not_in_run
     from launch.safety import check_output_target, excerpt, load_yaml_file
     from train.errors import ConfigError
 
     try:
         path = check_output_target(Path(path), "--apply")
+        check_not_in_run("--apply", path)  # a run's config.yaml is its history, read by --resume
         data = load_yaml_file(path, "--apply") if path.exists() else None
     except InputError as exc:
         raise ConfigError(str(exc)) from None
@@ -140,13 +142,22 @@ def read_apply_target(path) -> dict:
         raise ConfigError(f"--apply {excerpt(str(path))}: top level must be a mapping")
     if not isinstance(data.get("comm") or {}, dict):
         raise ConfigError(f"--apply {excerpt(str(path))}: comm: expected a mapping")
+    if data:
+        from train.config import build_config
+
+        try:  # now, not after the benchmark: a config that does not load is not rewritten
+            build_config(data)
+        except ConfigError as exc:
+            raise ConfigError(f"--apply {excerpt(str(path))}: does not load as a config: {exc}") from None
     return data
 
 
-def apply_to_config(path, advice: Advice) -> None:
+def apply_to_config(path, advice: Advice) -> str | None:
     """Write the recommended ``comm.*`` keys into the YAML config ``path`` (created if
-    missing; other keys kept). Validated through ``load_config`` before anything is
-    written; written atomically."""
+    missing; the keys outside ``comm`` and ``comm``'s other keys kept, a hook's settings replaced
+    by the chosen hook's). Validated through ``load_config`` before anything is written; written
+    atomically. The file is re-dumped (its comments and layout are not carried over), so the
+    version it replaces is kept beside it: returns that file's name (None when ``path`` was new)."""
     from pathlib import Path
 
     import yaml
@@ -167,4 +178,25 @@ def apply_to_config(path, advice: Advice) -> None:
         build_config(yaml.safe_load(text))  # what load_config would make of the written file
     except ConfigError as exc:
         raise ConfigError(f"--apply {path}: the result would not load: {exc}") from None
+    kept = None
+    if path.exists():
+        kept = _keep_previous(path)
     atomic_write(path, text, what=f"--apply {path}")
+    return kept
+
+
+def _keep_previous(path) -> str:
+    """Copy ``path`` to a new ``NAME.before-apply[.N]`` beside it (never over an existing file)."""
+    import os
+
+    data = path.read_bytes()
+    for n in range(1000):
+        kept = path.with_name(f"{path.name}.before-apply{f'.{n}' if n else ''}")
+        try:
+            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path.stat().st_mode & 0o777)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return str(kept)
+    raise OSError(f"--apply {path}: 1000 earlier versions beside it already; remove some")

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from launch.errors import InputError
+from launch.runlayout import check_not_in_run
 from launch.safety import atomic_write, check_output_target, excerpt, reserved_local_path
 from train.errors import ConfigError, PrepareError
 from train.prepare.tokenizer import load_tokenizer
@@ -149,11 +150,12 @@ def _check_out(out: Path) -> None:
     if reserved_local_path(out):
         raise PrepareError(f"--out {excerpt(str(out))}: inside a system directory (/etc, /usr, /dev, /proc...)")
     for path in (out, out.with_suffix(".json")):
-        if os.path.lexists(path):
-            try:
+        try:
+            if os.path.lexists(path):
                 check_output_target(path, "--out")
-            except InputError as exc:
-                raise PrepareError(str(exc)) from None
+            check_not_in_run("--out", path)
+        except InputError as exc:
+            raise PrepareError(str(exc)) from None
     from train.preflight import check_dir
 
     try:  # created if missing: the nearest existing directory must take it (also on a read-only file system)
@@ -184,6 +186,12 @@ def _claim_parts(parts: Path, plan: dict) -> None:
     """``parts/plan.json`` records what the parts are of; a directory holding another plan is
     refused (its parts belong to other inputs or options)."""
     plan_file = parts / "plan.json"
+    if os.path.islink(parts) or (os.path.lexists(parts) and not parts.is_dir()):
+        raise PrepareError(f"{excerpt(str(parts))}: exists and is not a directory (a link or a file); remove it or "
+                           "choose another --out")
+    if parts.is_dir() and not plan_file.is_file() and any(parts.iterdir()):  # adopted, then removed at the end
+        raise PrepareError(f"{excerpt(str(parts))}: holds files that are no preparation's parts (no plan.json); "
+                           "remove it or choose another --out")
     if plan_file.is_file():
         try:
             old_plan = json.loads(plan_file.read_text())
