@@ -402,7 +402,7 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, executable: bool = 
     mode = (0o777 if executable else 0o666) & ~_umask()
     try:  # a file replaced keeps its permissions (a chmod 600 config stays private) and, where allowed, owner
         old = os.stat(p)
-        mode = (old.st_mode & 0o7777) | (((old.st_mode & 0o444) >> 2) if executable else 0)
+        mode = (old.st_mode & 0o777) | (((old.st_mode & 0o444) >> 2) if executable else 0)  # no set-id bits
     except FileNotFoundError:
         old = None
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:100]}.", suffix=".tmp", dir=str(p.parent))

@@ -141,3 +141,18 @@ def test_escape_hatch_for_undocumented_nccl():
     assert run_inproc(["env", "--allow-undocumented-nccl", "--env", "NCCL_NVLS_ENABLE=1"])[0] == 2
     assert run_inproc(["env", "--allow-undocumented-nccl", "--env", "NCCL_TIMEOUT=1"])[0] == 2
     assert run_inproc(["k8s", "--allow-undocumented-nccl", "--env-secret", "NCCL_NVLS_ENABLE=s:k"])[0] == 2
+
+
+def test_atomic_write_keeps_a_replaced_files_permissions_but_no_set_id_bits(tmp_path):
+    from launch.safety import atomic_write
+
+    private = tmp_path / "job.yaml"
+    private.write_text("a: 1\n")
+    private.chmod(0o640)
+    atomic_write(private, "a: 2\n")
+    assert private.read_text() == "a: 2\n" and private.stat().st_mode & 0o7777 == 0o640
+    setuid = tmp_path / "tool.sh"
+    setuid.write_text("old\n")
+    setuid.chmod(0o4744)
+    atomic_write(setuid, "new\n", executable=True)
+    assert setuid.stat().st_mode & 0o7777 == 0o755  # x where r was; the set-user-ID bit dropped
