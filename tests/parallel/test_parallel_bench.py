@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from testlib import torchrun, train_cli
 
 SMALL = ["--set", "model.n_layers=2", "--set", "model.dim=64", "--set", "model.n_heads=4",
@@ -67,3 +69,21 @@ def test_bench_step_rejects_unknown_strategy(tmp_path):
 
     res = CliRunner().invoke(main, ["bench", "step", "--strategy", "zero3", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "zero3" in res.output
+
+
+def test_plan_grids_are_checked_before_any_point_runs(tmp_path):
+    """A grid's ``set`` must be a list of KEY=VALUE strings (a bare string was split into
+    characters, blamed on ``--set 't'``); unknown keys and non-lists are refused too."""
+    from train.bench.step import load_plan
+    from train.errors import ConfigError
+
+    defaults = {"preset": "tiny", "set": ["train.seed=1"]}
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("- {preset: tiny, set: [train.seed=2]}\n")
+    assert load_plan(plan, defaults)[0]["set"] == ["train.seed=1", "train.seed=2"]
+    for text, why in (("- {set: train.steps=3}\n", "set: expected a list of KEY=VALUE"),
+                      ("- {set: [1, 2]}\n", "set: expected a list of KEY=VALUE"),
+                      ("- {bogus: 1}\n", "unknown keys 'bogus'"), ("{preset: tiny}\n", "expected a YAML list")):
+        plan.write_text(text)
+        with pytest.raises(ConfigError, match=why):
+            load_plan(plan, defaults)

@@ -339,8 +339,10 @@ def load_plan(path: Path, defaults: dict) -> list[dict]:
         if unknown:
             raise ConfigError(f"--plan {excerpt(str(path))}: grid {i}: unknown keys "
                               f"{excerpt(', '.join(sorted(unknown)))}")
-        grid = {**defaults, **g}
-        grid["set"] = list(defaults["set"]) + list(g.get("set") or [])  # command-line --set applies too
+        sets = g.get("set") or []
+        if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
+            raise ConfigError(f"--plan {excerpt(str(path))}: grid {i}: set: expected a list of KEY=VALUE strings")
+        grid = {**defaults, **g, "set": [*defaults["set"], *sets]}  # command-line --set applies too
         grids.append(grid)
     return grids
 
