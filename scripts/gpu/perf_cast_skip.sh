@@ -311,3 +311,14 @@ part_five() {
   ours 0,1 2 8b_fp8 110 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false
   ours 0,1 2 8b_fp8_f8ag 110 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=true
 }
+
+part_skip80() {
+  note "skip80: 8b on 80 GB cards (H100): ac_skip_last below the H200-sized 8 (bf16) / 11 (FP8), for allocator headroom (reserved_gib, alloc_retries in the rows); torchtitan"
+  local c8=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  titan 0,1 2 8b_bf16 120 "${P8B[@]}" --fp8 none
+  ours 0,1 2 8b_bf16_skip6 100 "${c8[@]}" --fp8 none --set parallel.ac_skip_last=6
+  ours 0,1 2 8b_bf16_skip7 100 "${c8[@]}" --fp8 none --set parallel.ac_skip_last=7
+  titan 0,1 2 8b_fp8 110 "${P8B[@]}" --fp8 tensorwise
+  ours 0,1 2 8b_fp8_skip9 100 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=9 --set fp8.fsdp_float8_all_gather=false
+  ours 0,1 2 8b_fp8_skip10 100 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=10 --set fp8.fsdp_float8_all_gather=false
+}
