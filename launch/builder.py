@@ -15,6 +15,7 @@ from launch.spec import (
     Rendezvous,
     Resources,
     SpecError,
+    check_exec_string,
     check_path,
     parse_debug,
     parse_endpoint,
@@ -29,7 +30,6 @@ from launch.spec import (
     parse_quantity,
     parse_rdzv_id,
     parse_safe_token,
-    reject_nul,
     torchrun_max_restarts,
 )
 
@@ -66,7 +66,7 @@ def build(o: dict) -> Built:
     rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"] or name))
 
     for arg in o["train_args"]:
-        reject_nul("training argument", arg)
+        check_exec_string("training argument", arg)
 
     spec = JobSpec(
         name=name,

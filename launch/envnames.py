@@ -40,13 +40,13 @@ SHELL_OWNED = frozenset((
 ))
 
 
-def shell_owned(name: str) -> bool:
-    return name in SHELL_OWNED or name.startswith("BASH_") or name.startswith(LAUNCH_PREFIX)
-
-
 # The launcher scripts' own variables (LAUNCH_STOP_FILE, LAUNCH_RDZV_ENDPOINT, LAUNCH_ENGINE_FLAGS...):
 # set by the scripts, never by the job (LAUNCH_STOP_FILE names a file the scripts write).
 LAUNCH_PREFIX = "LAUNCH_"
+
+
+def shell_owned(name: str) -> bool:
+    return name in SHELL_OWNED or name.startswith("BASH_")
 
 
 @lru_cache(maxsize=1)
@@ -63,7 +63,7 @@ def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False
         raise SpecError(f"{option} {name!r}: {name!r} is not a valid environment variable name")
     if name in NOT_NCCL:
         raise SpecError(f"{name} is not an NCCL variable: {NOT_NCCL[name]}")
-    check_not_shell_owned(option, name)
+    check_not_reserved(option, name)
     if name.startswith("NCCL_") and name not in documented_nccl() and not allow_undocumented_nccl:
         raise SpecError(
             f"{option} {name}: not a documented NCCL variable (see launch/nccl_documented_env.txt); "
@@ -72,11 +72,12 @@ def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False
     return name
 
 
-def check_not_shell_owned(where: str, name: str) -> None:
+def check_not_reserved(where: str, name: str) -> None:
+    """Neither a variable bash owns nor one of the launcher scripts' own."""
+    if name.startswith(LAUNCH_PREFIX):
+        raise SpecError(f"{where} {name}: {LAUNCH_PREFIX}* names are the launcher scripts' own variables; "
+                        "choose another name")
     if shell_owned(name):
-        if name.startswith(LAUNCH_PREFIX):
-            raise SpecError(f"{where} {name}: {LAUNCH_PREFIX}* names are the launcher scripts' own variables; "
-                            "choose another name")
         raise SpecError(f"{where} {name}: a variable bash itself sets or reads; the launcher scripts export "
                         "the job's environment and would break (or stop) on it")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.envnames import NOT_NCCL, check_not_shell_owned
+from launch.envnames import NOT_NCCL, check_not_reserved
 from launch.errors import SpecError
-from launch.spec import JobSpec, reject_nul
+from launch.spec import JobSpec, check_exec_string, reject_nul
 
 NVLS_VARIABLE = "NCCL_NVLS_ENABLE"
 
@@ -158,9 +158,6 @@ def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
     return EnvPlan(variables, tuple(warnings))
 
 
-# Linux's limit on one argument or environment string of execve (32 pages of 4 KiB, with its NUL).
-MAX_ARG_STRLEN = 131072
-
 # NVLink multicast switches: the one value each may take (the device machines need
 # multicast off; nothing launch renders may switch it on).
 MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -180,9 +177,6 @@ def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
             )
         if var.name in NOT_NCCL:
             raise SpecError(f"{var.name} is not an NCCL variable: {NOT_NCCL[var.name]}")
-        check_not_shell_owned("environment variable", var.name)  # profile and fabric files too
+        check_not_reserved("environment variable", var.name)  # profile and fabric files too
         reject_nul(f"environment variable {var.name}", var.value)  # no process can receive it
-        size = len(var.name.encode()) + 1 + len(var.value.encode("utf-8", "surrogateescape"))
-        if size >= MAX_ARG_STRLEN:  # execve refuses it: torchrun and every worker would fail to start
-            raise SpecError(f"environment variable {var.name}: {size} bytes as NAME=VALUE; Linux takes at most "
-                            f"{MAX_ARG_STRLEN - 1} in one environment string (MAX_ARG_STRLEN)")
+        check_exec_string(f"environment variable {var.name} (as NAME=VALUE)", f"{var.name}={var.value}")

@@ -15,7 +15,7 @@ def check_target(output: str | None) -> None:
     if output is None or output == "-":
         return
     check_output_target(output, "-o")
-    check_not_in_run("-o", output)  # a script over a checkpoint's manifest loses the checkpoint
+    check_not_in_run(f"-o {excerpt(output)}", output)  # a script over a checkpoint's manifest loses the checkpoint
 
 
 def check_not_input(output: str | None, inputs) -> None:

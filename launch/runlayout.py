@@ -49,10 +49,9 @@ def inside_run(path: str | os.PathLike) -> str | None:
     return None
 
 
-def check_not_in_run(what: str, path: str | os.PathLike) -> None:
-    """Refuse an output file or directory (``what``, as the user named it) inside a run's own
-    entries, with one line naming both."""
+def check_not_in_run(shown: str, path: str | os.PathLike, error: type[InputError] = InputError) -> None:
+    """Refuse an output file or directory inside a run's own entries: one line (``error``) naming
+    the option and value as the user gave them (``shown``) and the run's entry."""
     inside = inside_run(path)
     if inside:
-        raise InputError(f"{what} {excerpt(os.fspath(path))}: inside the run directory's {excerpt(inside)} "
-                         "(a training run's own files); write elsewhere")
+        raise error(f"{shown}: inside another run's {excerpt(inside)} (its own files); use a place of its own")

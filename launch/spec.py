@@ -129,6 +129,21 @@ def reject_control_chars(what: str, value: str) -> str:
     return value
 
 
+# Linux's limit on one argument or environment string of execve (32 pages of 4 KiB, with its NUL).
+MAX_ARG_STRLEN = 131072
+
+
+def check_exec_string(what: str, text: str) -> str:
+    """One argument or ``NAME=VALUE`` string a process is started with: no NUL, and shorter than
+    Linux's MAX_ARG_STRLEN (execve refuses it: the job would render, then fail at every start)."""
+    reject_nul(what, text)
+    size = len(text.encode("utf-8", "surrogateescape"))
+    if size >= MAX_ARG_STRLEN:
+        raise SpecError(f"{what}: {size} bytes; Linux takes at most {MAX_ARG_STRLEN - 1} in one argument or "
+                        "environment string (MAX_ARG_STRLEN)")
+    return text
+
+
 def reject_nul(what: str, value: str) -> str:
     """Arguments and environment values may hold any character except NUL, which no
     process can receive; everything else is quoted on the way out."""
@@ -185,6 +200,8 @@ def parse_entrypoint(value: str) -> tuple[str, ...]:
         tokens = tuple(shlex.split(value))
     except ValueError as exc:
         raise SpecError(f"--entrypoint {value!r}: {exc}") from None
+    for token in tokens:
+        check_exec_string("--entrypoint word", token)
     if not tokens or not tokens[0].strip():  # '' or "' '": no program to run
         raise SpecError("--entrypoint is empty" if not tokens else f"--entrypoint {value!r}: the program name is empty")
     if tokens[0].startswith("-"):  # would be read as a torchrun option

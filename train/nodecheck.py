@@ -46,7 +46,7 @@ import click
 
 from launch.errors import InputError
 from launch.runlayout import check_not_in_run
-from launch.safety import atomic_write, check_output_target
+from launch.safety import atomic_write, check_output_target, excerpt
 from train.config import MAX_TIMEOUT_S
 
 EXIT_OK, EXIT_SLOW, EXIT_BROKEN = 0, 3, 4
@@ -252,7 +252,7 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
     if json_path is not None:
         try:  # a directory, FIFO, device, symlink, missing or system directory, a name too long: now, not after
             check_output_target(json_path, "--json")  # the measurement
-            check_not_in_run("--json", json_path)
+            check_not_in_run(f"--json {excerpt(str(json_path))}", json_path)
         except InputError as exc:
             fail(str(exc), 2)
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from launch.errors import InputError
-from launch.runlayout import ASIDE_PREFIX, RUN_OWNED, inside_run
+from launch.runlayout import ASIDE_PREFIX, RUN_OWNED, check_not_in_run
 from launch.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
 from train.doctor.memory import floor_bytes, param_count
@@ -105,15 +105,8 @@ def check_out_dir(out, what: str = "--out") -> Path:
     if reserved_local_path(text):
         raise ConfigError(f"{what} {excerpt(text)}: a system directory (/, /etc, /usr, /dev, /proc...) cannot "
                           "be a run directory")
-    check_not_in_other_run(f"{what} {excerpt(text)}", text)
+    check_not_in_run(f"{what} {excerpt(text)}", text, ConfigError)
     return check_dir(what, text)
-
-
-def check_not_in_other_run(shown: str, path: str) -> None:
-    """Refuse ``path`` (named ``shown`` in the message) inside another run's own entries."""
-    inside = inside_run(path)
-    if inside:
-        raise ConfigError(f"{shown}: inside another run's {excerpt(inside)} (its own files); use a place of its own")
 
 
 def _check_name(what: str, text: str) -> None:
@@ -218,7 +211,7 @@ def check_data(job: JobConfig) -> None:
     """A token file (data.source=file) is opened and checked now: a bad file is a usage
     error before any directory, lock or process group exists."""
     if job.data.source == "embedded" and job.data.cache_dir:
-        check_not_in_other_run(f"data.cache_dir {excerpt(job.data.cache_dir)}", job.data.cache_dir)
+        check_not_in_run(f"data.cache_dir {excerpt(job.data.cache_dir)}", job.data.cache_dir, ConfigError)
         check_dir("data.cache_dir", job.data.cache_dir)
     elif job.data.source == "embedded" or (job.parallel.compile and not os.environ.get("TORCHINDUCTOR_CACHE_DIR")):
         _check_default_cache_dir()
@@ -241,7 +234,7 @@ def _check_default_cache_dir() -> None:
     what = f"data.cache_dir (default, from environment {default_cache_origin()})"
     if reserved_local_path(text):
         raise ConfigError(f"{what} {excerpt(text)} is a system directory; set data.cache_dir")
-    check_not_in_other_run(f"{what} {excerpt(text)}", text)
+    check_not_in_run(f"{what} {excerpt(text)}", text, ConfigError)
     check_dir(what, text)
 
 
@@ -265,7 +258,7 @@ def check_metric_files(job: JobConfig, out_dir: Path) -> None:
     top = os.path.relpath(os.path.realpath(path), os.path.realpath(out_dir)).split(os.sep)[0]
     if top in RUN_OWNED or top.startswith(ASIDE_PREFIX):
         raise ConfigError(f"{shown}: inside the run's own {top}")
-    check_not_in_other_run(shown, str(path))
+    check_not_in_run(shown, str(path), ConfigError)
     if reserved_local_path(path):
         raise ConfigError(f"{shown}: inside a system directory")
     check_dir("metrics.prometheus_file", str(path.parent))

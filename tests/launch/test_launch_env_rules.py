@@ -232,8 +232,14 @@ def test_env_values_a_process_cannot_receive_and_missing_site_values_name_their_
     """One environment string over Linux's 128 KiB (MAX_ARG_STRLEN) would fail every exec of the
     job: refused at render. A profile entry without a value is the profile's, not the fabric's."""
     rc, _, err = run_inproc(["env", "--env", "BIG=" + "v" * 131072])
-    assert rc == 2 and "BIG: 131076 bytes as NAME=VALUE; Linux takes at most 131071" in err, err
+    assert rc == 2 and "BIG (as NAME=VALUE): 131076 bytes; Linux takes at most 131071" in err, err
     assert run_inproc(["env", "--env", "BIG=" + "v" * 131067])[0] == 0  # 131071 bytes: the most that fits
+    big = "a" * 131072  # the same limit for every string the job's processes are started with
+    for argv, what in ((["torchrun", "--", big], "training argument"),
+                       (["torchrun", "--entrypoint", f"python {big}"], "--entrypoint word")):
+        rc, _, err = run_inproc(argv)
+        assert rc == 2 and f"{what}: 131072 bytes; Linux takes at most 131071" in err, err
+    assert run_inproc(["torchrun", "--", "a" * 131071])[0] == 0
     h100 = yaml.safe_load((REPO / "launch" / "profiles" / "h100.yaml").read_text())
     h100["env"]["SITE_THING"] = {"value": None, "why": "the site's own value"}
     path = tmp_path / "sitevalue.yaml"

@@ -133,7 +133,7 @@ def read_apply_target(path) -> dict:
 
     try:
         path = check_output_target(Path(path), "--apply")
-        check_not_in_run("--apply", path)  # a run's config.yaml is its history, read by --resume
+        check_not_in_run(f"--apply {excerpt(str(path))}", path)  # a run's config.yaml is its history, read by --resume
         data = load_yaml_file(path, "--apply") if path.exists() else None
     except InputError as exc:
         raise ConfigError(str(exc)) from None
@@ -189,11 +189,11 @@ def _keep_previous(path) -> str:
     """Copy ``path`` to a new ``NAME.before-apply[.N]`` beside it (never over an existing file)."""
     import os
 
-    data = path.read_bytes()
+    data, mode = path.read_bytes(), path.stat().st_mode & 0o777
     for n in range(1000):
         kept = path.with_name(f"{path.name}.before-apply{f'.{n}' if n else ''}")
         try:
-            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path.stat().st_mode & 0o777)
+            fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         except FileExistsError:
             continue
         with os.fdopen(fd, "wb") as fh:

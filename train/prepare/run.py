@@ -153,7 +153,7 @@ def _check_out(out: Path) -> None:
         try:
             if os.path.lexists(path):
                 check_output_target(path, "--out")
-            check_not_in_run("--out", path)
+            check_not_in_run(f"--out {excerpt(str(path))}", path)
         except InputError as exc:
             raise PrepareError(str(exc)) from None
     from train.preflight import check_dir
