@@ -20,4 +20,4 @@ def test_out_of_memory_at_a_step_is_one_line_exit_1(tmp_path):
     assert errors[0].startswith("error: out of memory on rank 0 (cpu) at step 1: "), errors[0]
     for name in ("model.vocab_size=4194304", "train.batch_size=256", "train.seq_len=256"):
         assert name in errors[0], (name, errors[0])
-    assert (out / "config.yaml").is_file()
+    assert (out / "config.yaml").is_file() and (out / "metrics.jsonl").is_file()
