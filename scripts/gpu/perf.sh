@@ -72,6 +72,9 @@
 #                                           all_gather, twice each; torchtitan; a profile of all.
 #                                           PART=symmrs8b: 8b bf16 (ac_skip_last 8), all against all_gather; torchtitan.
 #                                           PART=symmrs8b2: the same without torchtitan.
+#   PART=fsdpmem bash scripts/gpu/perf.sh  2xH200, ~5 min: 1b FSDP2 (all, never, budget 1.0): loss chunk 8192/4096, ac=pointwise
+#                                           on the first 2-4 blocks; torchtitan. PART=fp8seeds: 1b bf16 / FP8 200-step losses,
+#                                           three seeds each (one GPU each side, at the same time).
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for

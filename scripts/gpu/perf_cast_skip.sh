@@ -322,3 +322,32 @@ part_skip80() {
   ours 0,1 2 8b_fp8_skip9 100 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=9 --set fp8.fsdp_float8_all_gather=false
   ours 0,1 2 8b_fp8_skip10 100 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=10 --set fp8.fsdp_float8_all_gather=false
 }
+
+part_fsdpmem() {
+  note "fsdpmem: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, reshard never, no activation budget; the embedding is freed after forward and not gathered for backward): chunk 8192 / 4096; parallel.ac=pointwise on the first 2 / 3 / 4 blocks (ac_skip_last 14 / 13 / 12); torchtitan"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
+    --set parallel.reshard_after_forward=never)
+  local pw=(--set parallel.ac=pointwise)
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_c8192 90 "${c[@]}" --set train.loss_chunk_tokens=8192
+  ours 0,1 2 1b_c8192_pw3 90 "${c[@]}" --set train.loss_chunk_tokens=8192 "${pw[@]}" --set parallel.ac_skip_last=13
+  ours 0,1 2 1b_c4096 90 "${c[@]}" --set train.loss_chunk_tokens=4096
+  ours 0,1 2 1b_c4096_pw2 90 "${c[@]}" --set train.loss_chunk_tokens=4096 "${pw[@]}" --set parallel.ac_skip_last=14
+  ours 0,1 2 1b_c8192_pw4 90 "${c[@]}" --set train.loss_chunk_tokens=8192 "${pw[@]}" --set parallel.ac_skip_last=12
+  ours 0,1 2 1b_c8192_again 90 "${c[@]}" --set train.loss_chunk_tokens=8192
+}
+
+part_fp8seeds() {
+  note "fp8seeds: 1b, one GPU each, 200 steps on the embedded text, seeds 1234 / 1 / 2 (init and data order): bf16 on GPU 0, FP8 tensorwise on GPU 1 at the same time"
+  local c=(--strategy fsdp --preset 1b --batch 8 --seq 2048 --compile on --ac none --steps 195 --warmup 5
+    --data embedded "${OURS[@]}") p
+  p=$(plan seeds <<'EOF'
+- {set: [train.seed=1234]}
+- {set: [train.seed=1]}
+- {set: [train.seed=2]}
+EOF
+)
+  ours 0 1 fp8seeds_bf16 260 "${c[@]}" --fp8 none --plan "$p" &
+  ours 1 1 fp8seeds_fp8 260 "${c[@]}" --fp8 tensorwise --plan "$p" &
+  wait
+}

@@ -113,6 +113,52 @@ def test_ac_skip_last_leaves_the_last_blocks_unwrapped():
     assert wrapped == [True, False, False, False]
 
 
+def _backward_ops(mode: str) -> tuple[dict, float, list]:
+    """How often backward runs ``mm`` and ``rsqrt`` (RMSNorm) for one block under
+    ``parallel.ac=mode`` (recomputed forward ops included), the loss, and the gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from train.config import load_config
+    from train.models.llama import Transformer
+    from train.parallel.ac import apply_ac
+
+    job = load_config(None, BASE + ["model.n_layers=1", f"parallel.ac={mode}"])
+    model = Transformer(job.model)
+    model.init_weights(0)
+    apply_ac(model, job.parallel)
+    block = next(iter(model.layers.values()))
+    counts = {"mm": 0, "rsqrt": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in counts:
+                counts[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    h = torch.randn(4, 32, job.model.dim, requires_grad=True)
+    loss = block(h, model.rope).square().mean()
+    with Count():
+        loss.backward()
+    return counts, loss.item(), [h.grad] + [p.grad for p in block.parameters()]
+
+
+def test_pointwise_ac_recomputes_the_elementwise_ops_but_no_matmul():
+    """``parallel.ac=pointwise`` keeps every matmul's output: backward runs the same matmuls
+    as without AC (``op`` recomputes every second one, ``full`` all of them) but recomputes
+    the norms; loss and gradients are the same."""
+    ref_counts, ref_loss, ref_grads = _backward_ops("none")
+    got = {mode: _backward_ops(mode) for mode in ("pointwise", "op", "full")}
+    mm = {mode: r[0]["mm"] for mode, r in got.items()}
+    assert mm["pointwise"] == ref_counts["mm"] < mm["op"] < mm["full"], (mm, ref_counts)
+    assert got["pointwise"][0]["rsqrt"] > ref_counts["rsqrt"], (got["pointwise"][0], ref_counts)
+    for mode, (_, loss, grads) in got.items():
+        assert loss == ref_loss, mode
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-7, msg=lambda m: f"{mode}: {m}")
+
+
 def test_attach_casts_norms_and_embeddings_and_leaves_linears_to_autocast():
     from train.config import load_config
     from train.models.llama import Transformer

@@ -32,6 +32,7 @@ TWO_RANKS = {
     "fsdp_ac_selective": (FSDP + ["parallel.ac=selective", "parallel.ac_every=2"], (2, 1)),
     "fsdp_ac_op": (FSDP + ["parallel.ac=op"], (2, 1)),
     "fsdp_ac_full_skip_last": (FSDP + ["parallel.ac=full", "parallel.ac_skip_last=1"], (2, 1)),
+    "fsdp_ac_pointwise_skip_last": (FSDP + ["parallel.ac=pointwise", "parallel.ac_skip_last=1"], (2, 1)),
     "ddp_ac_full": (["parallel.ac=full"], (2, 1)),
 }
 

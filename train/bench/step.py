@@ -58,6 +58,7 @@ from train.bench.gpu_stats import ForwardMemory, memory_columns, reduce_max
 from train.config import MAX_TIMEOUT_S
 from train.console import setup
 from train.errors import ConfigError
+from train.parallel.config import AC_MODES
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,6 @@ def compile_flag(value: str) -> bool:
 
 
 FP8_CHOICES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "te:current", "te:delayed", "te:mxfp8")
-AC_CHOICES = ("none", "full", "selective", "op")
 MAX_POINTS = 1000
 
 
@@ -121,7 +121,7 @@ def expand(grid: dict) -> list[dict]:
     for v in lists[GRID_KEYS.index("fp8")]:
         _choice("fp8", v, FP8_CHOICES)
     for v in lists[GRID_KEYS.index("ac")]:
-        _choice("ac", v, AC_CHOICES)
+        _choice("ac", v, AC_MODES)
     total = 1
     for values in lists:
         total *= len(values)
@@ -352,7 +352,7 @@ def load_plan(path: Path, defaults: dict) -> list[dict]:
 @click.option("--strategy", default="ddp", show_default=True, help=f"Comma list of: {', '.join(STRATEGIES)}.")
 @click.option("--fp8", default="none", show_default=True,
               help="Comma list: none, tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, te:current, te:delayed, te:mxfp8.")
-@click.option("--ac", default="none", show_default=True, help="Comma list of: none, full, selective, op.")
+@click.option("--ac", default="none", show_default=True, help=f"Comma list of: {', '.join(AC_MODES)}.")
 @click.option("--compile", "compile_", default="off", show_default=True, help="Comma list of: on, off.")
 @click.option("--batch", default="4", show_default=True, help="Micro-batch per rank (comma list).")
 @click.option("--seq", default="128", show_default=True, help="Sequence length (comma list).")

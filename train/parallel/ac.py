@@ -7,6 +7,9 @@
   and attention, every second matmul excepted, as torchtitan does) are saved and only the
   cheap elementwise ops are recomputed (``torch.utils.checkpoint``'s
   ``create_selective_checkpoint_contexts``).
+* ``pointwise``: as ``op`` but every matmul's output is saved: backward recomputes only the
+  norms, RoPE, the residual adds and the SwiGLU product (a memory-bound pass over tensors it
+  reads anyway). With ``ac_skip_last`` it trims a few blocks' activations at little cost.
 * ``ac_skip_last`` = k (any mode): the last k blocks are not checkpointed. Backward reaches
   them first, while few gradients are held yet: with FSDP at 8b the step's peak is at the end
   of backward (parameters, optimizer state and every gradient), so the activations of the
@@ -20,6 +23,7 @@ uses) strips it, so checkpoints load across ``ac`` settings (tested).
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import torch
@@ -49,7 +53,7 @@ def _save_list() -> set:
     return ops
 
 
-def _op_context():
+def _op_context(every_second_mm: bool = True):
     from torch.utils.checkpoint import (
         CheckpointPolicy,
         create_selective_checkpoint_contexts,
@@ -60,7 +64,7 @@ def _op_context():
     counts: dict[str, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
-        if func == mm:
+        if func == mm and every_second_mm:
             # Count forward and recompute separately so both make the same decisions.
             key = "recompute" if ctx.is_recompute else "forward"
             counts[key] += 1
@@ -75,6 +79,8 @@ def _wrap(block: nn.Module, mode: str) -> nn.Module:
     kwargs = {"preserve_rng_state": False}  # no dropout in the model: nothing random to replay
     if mode == "op":
         kwargs["context_fn"] = _op_context
+    elif mode == "pointwise":
+        kwargs["context_fn"] = functools.partial(_op_context, every_second_mm=False)
     return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)
 
 

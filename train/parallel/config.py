@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 COMPILE_MODES = ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs")
 SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+AC_MODES = ("none", "full", "selective", "op", "pointwise")
 
 
 @dataclass
@@ -39,7 +40,7 @@ class ParallelConfig:
     sequence_parallel: bool = True  # shard norms/residual stream over the sequence between TP regions
     loss_parallel: bool = False  # keep logits sharded over the vocabulary for the cross-entropy
     # activation checkpointing / compile
-    ac: str = "none"  # none | full | selective | op
+    ac: str = "none"  # one of AC_MODES (train/parallel/ac.py)
     ac_every: int = 2  # selective: checkpoint every k-th block
     # the last k blocks are not checkpointed (any ac mode): backward reaches them first, while
     # few gradients are held yet, so their activations raise the peak less than other blocks' would
@@ -92,8 +93,8 @@ class ParallelConfig:
             raise ConfigError("parallel.fsdp_symm_mem: not with parallel.cpu_offload (host-resident shards)")
         if self.cpu_offload and self.strategy != "fsdp":
             raise ConfigError("parallel.cpu_offload: needs parallel.strategy=fsdp")
-        if self.ac not in ("none", "full", "selective", "op"):
-            raise ConfigError(f"parallel.ac: must be none, full, selective or op, got {self.ac!r}")
+        if self.ac not in AC_MODES:
+            raise ConfigError(f"parallel.ac: must be one of {', '.join(AC_MODES)}, got {self.ac!r}")
         if self.ac_every < 1:
             raise ConfigError(f"parallel.ac_every: must be >= 1, got {self.ac_every}")
         if self.ac_skip_last < 0:
