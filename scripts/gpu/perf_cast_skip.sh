@@ -351,3 +351,31 @@ EOF
   ours 1 1 fp8seeds_fp8 260 "${c[@]}" --fp8 tensorwise --plan "$p" &
   wait
 }
+
+part_fsdpauto() {
+  note "fsdpauto: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, no activation budget), now that the embedding is not gathered for backward: reshard_after_forward=auto, + fsdp_prefetch=1; never + ac=pointwise on the first 4 blocks; torchtitan twice"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
+    --set train.loss_chunk_tokens=8192)
+  titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_auto 90 "${c[@]}" --set parallel.reshard_after_forward=auto
+  ours 0,1 2 1b_never_pw4 90 "${c[@]}" --set parallel.reshard_after_forward=never --set parallel.ac=pointwise \
+    --set parallel.ac_skip_last=12
+  ours 0,1 2 1b_auto_prefetch1 90 "${c[@]}" --set parallel.reshard_after_forward=auto --set parallel.fsdp_prefetch=1
+  titan 0,1 2 1b_fsdp2_again 100 "${P1B[@]}" --fp8 none
+  ours 0,1 2 1b_auto_again 90 "${c[@]}" --set parallel.reshard_after_forward=auto
+}
+
+part_fp8seeds2() {
+  note "fp8seeds2: PART=fp8seeds with seeds 3 / 4 / 5"
+  local c=(--strategy fsdp --preset 1b --batch 8 --seq 2048 --compile on --ac none --steps 195 --warmup 5
+    --data embedded "${OURS[@]}") p
+  p=$(plan seeds2 <<'EOF'
+- {set: [train.seed=3]}
+- {set: [train.seed=4]}
+- {set: [train.seed=5]}
+EOF
+)
+  ours 0 1 fp8seeds2_bf16 260 "${c[@]}" --fp8 none --plan "$p" &
+  ours 1 1 fp8seeds2_fp8 260 "${c[@]}" --fp8 tensorwise --plan "$p" &
+  wait
+}
