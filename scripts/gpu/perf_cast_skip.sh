@@ -379,3 +379,15 @@ EOF
   ours 1 1 fp8seeds2_fp8 260 "${c[@]}" --fp8 tensorwise --plan "$p" &
   wait
 }
+
+part_pw4() {
+  note "pw4: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never, ac=pointwise on the first 4 blocks) against torchtitan, three times interleaved; never + pointwise on the first 5 blocks once"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
+    --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --set parallel.ac=pointwise)
+  local i
+  for i in 1 2 3; do
+    titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
+    ours 0,1 2 "1b_never_pw4_$i" 90 "${c[@]}" --set parallel.ac_skip_last=12
+  done
+  ours 0,1 2 1b_never_pw5 90 "${c[@]}" --set parallel.ac_skip_last=11
+}
