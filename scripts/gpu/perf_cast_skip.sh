@@ -337,19 +337,26 @@ part_fsdpmem() {
   ours 0,1 2 1b_c8192_again 90 "${c[@]}" --set train.loss_chunk_tokens=8192
 }
 
-part_fp8seeds() {
-  note "fp8seeds: 1b, one GPU each, 200 steps on the embedded text, seeds 1234 / 1 / 2 (init and data order): bf16 on GPU 0, FP8 tensorwise on GPU 1 at the same time"
+fp8seeds_runs() {  # NAME SEED...: 1b, one GPU each, 200 steps on the embedded text per seed (init and data
+  # order): bf16 on GPU 0, FP8 tensorwise on GPU 1 at the same time; one launch per side, the seeds as plan points
+  local name=$1 seed p
+  shift
   local c=(--strategy fsdp --preset 1b --batch 8 --seq 2048 --compile on --ac none --steps 195 --warmup 5
-    --data embedded "${OURS[@]}") p
-  p=$(plan seeds <<'EOF'
-- {set: [train.seed=1234]}
-- {set: [train.seed=1]}
-- {set: [train.seed=2]}
-EOF
-)
-  ours 0 1 fp8seeds_bf16 260 "${c[@]}" --fp8 none --plan "$p" &
-  ours 1 1 fp8seeds_fp8 260 "${c[@]}" --fp8 tensorwise --plan "$p" &
+    --data embedded "${OURS[@]}")
+  p=$(for seed in "$@"; do echo "- {set: [train.seed=$seed]}"; done | plan "$name")
+  ours 0 1 "${name}_bf16" 260 "${c[@]}" --fp8 none --plan "$p" &
+  ours 1 1 "${name}_fp8" 260 "${c[@]}" --fp8 tensorwise --plan "$p" &
   wait
+}
+
+part_fp8seeds() {
+  note "fp8seeds: 1b, one GPU each, 200 steps on the embedded text, seeds 1234 / 1 / 2: bf16 on GPU 0, FP8 tensorwise on GPU 1"
+  fp8seeds_runs fp8seeds 1234 1 2
+}
+
+part_fp8seeds2() {
+  note "fp8seeds2: PART=fp8seeds with seeds 3 / 4 / 5"
+  fp8seeds_runs fp8seeds2 3 4 5
 }
 
 part_fsdpauto() {
@@ -363,21 +370,6 @@ part_fsdpauto() {
   ours 0,1 2 1b_auto_prefetch1 90 "${c[@]}" --set parallel.reshard_after_forward=auto --set parallel.fsdp_prefetch=1
   titan 0,1 2 1b_fsdp2_again 100 "${P1B[@]}" --fp8 none
   ours 0,1 2 1b_auto_again 90 "${c[@]}" --set parallel.reshard_after_forward=auto
-}
-
-part_fp8seeds2() {
-  note "fp8seeds2: PART=fp8seeds with seeds 3 / 4 / 5"
-  local c=(--strategy fsdp --preset 1b --batch 8 --seq 2048 --compile on --ac none --steps 195 --warmup 5
-    --data embedded "${OURS[@]}") p
-  p=$(plan seeds2 <<'EOF'
-- {set: [train.seed=3]}
-- {set: [train.seed=4]}
-- {set: [train.seed=5]}
-EOF
-)
-  ours 0 1 fp8seeds2_bf16 260 "${c[@]}" --fp8 none --plan "$p" &
-  ours 1 1 fp8seeds2_fp8 260 "${c[@]}" --fp8 tensorwise --plan "$p" &
-  wait
 }
 
 part_pw4() {
