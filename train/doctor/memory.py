@@ -84,7 +84,7 @@ from train.models.presets import ModelConfig
 
 GiB = 2**30
 STRATEGIES = ("single", "ddp", "fsdp", "tp")
-AC_MODES = ("none", "full", "selective")
+ESTIMATED_AC_MODES = ("none", "full", "selective")  # the parallel.ac modes this estimate models
 # Headroom: the allocator may hand out this fraction of a GPU's memory; the rest is for
 # the CUDA context, NCCL buffers and fragmentation (a policy, not a measurement).
 USABLE_FRACTION = 0.90
@@ -177,8 +177,8 @@ class Plan:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if self.ac not in AC_MODES:
-            raise ValueError(f"ac must be one of {', '.join(AC_MODES)}, got {self.ac!r}")
+        if self.ac not in ESTIMATED_AC_MODES:
+            raise ValueError(f"ac must be one of {', '.join(ESTIMATED_AC_MODES)}, got {self.ac!r}")
         if self.precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be bf16 or fp32, got {self.precision!r}")
         if self.gpus < 1 or self.tp < 1 or self.gpus % self.tp:
