@@ -21,7 +21,8 @@ def rank_prefix() -> str:
     """``[rank N] `` under a multi-rank launcher, else empty (torchrun's RANK/WORLD_SIZE)."""
     if os.environ.get("WORLD_SIZE", "1") == "1":
         return ""
-    return f"[rank {one_line(os.environ.get('RANK', '0'), 20)}] "
+    raw = os.environ.get("RANK", "0")
+    return f"[rank {raw if raw.isascii() and raw.isdigit() and len(raw) <= 7 else '?'}] "  # a bad RANK: its own error
 
 
 class RankFormatter(logging.Formatter):

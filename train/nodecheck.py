@@ -236,7 +236,7 @@ def _report(result: dict, v: dict, elapsed: float, json_path) -> None:
               help="Write the full report (facts, pairs, all-reduce, verdict) here (rank 0).")
 def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_path) -> None:
     """Check every node (facts, per-node link bandwidth, all-reduce) before training. Run under torchrun."""
-    from train.bench.comm import parse_size
+    from train.bench.comm_args import parse_size
     from train.console import fail
 
     try:

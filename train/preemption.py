@@ -82,6 +82,7 @@ class Preemption:
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
         self.requested = False
+        self.signum = 0  # the signal that set requested
         self.at = 0.0
         self.checkpointed = False
         self._lock = threading.Lock()
@@ -115,6 +116,7 @@ class Preemption:
             if self.requested:
                 return
             self.requested = True
+            self.signum = signum
             self.at = time.monotonic()
         log.info("%s received; checkpointing after this step (exit within train.shutdown_grace_s=%gs)",
                  name, self.grace_s)

@@ -84,12 +84,17 @@ def check_fits(job: JobConfig, dims: ParallelDims) -> None:
     )
 
 
+def host_memory_bytes() -> int:
+    """This host's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def device_memory(job: JobConfig) -> tuple[str, int]:
     """(what, bytes): where this rank keeps its parameter shards, and all of that memory."""
     import torch
 
     if job.train.device == "cpu" or job.parallel.cpu_offload or not torch.cuda.is_available():
-        return "this host's memory", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return "this host's memory", host_memory_bytes()
     raw = os.environ.get("LOCAL_RANK", "")
     index = (int(raw) if raw.isascii() and raw.isdigit() else 0) % torch.cuda.device_count()
     return f"GPU {index}", torch.cuda.get_device_properties(index).total_memory
@@ -236,6 +241,14 @@ def _check_default_cache_dir() -> None:
         raise ConfigError(f"{what} {excerpt(text)} is a system directory; set data.cache_dir")
     check_not_in_run(f"{what} {excerpt(text)}", text, ConfigError)
     check_dir(what, text)
+
+
+def check_bench_job(job: JobConfig, out_dir: Path) -> None:
+    """What ``train run`` checks of a job before it starts, for a benchmark's point or
+    variant: the device, the data (token file, cache directory), the metric files."""
+    check_device(job)
+    check_data(job)
+    check_metric_files(job, out_dir)
 
 
 PROM_NAME_MAX = 200  # + ".PID.THREAD-ID" of the temporary file: within the 255 bytes of a name

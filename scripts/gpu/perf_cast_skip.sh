@@ -327,7 +327,7 @@ part_fsdpmem() {
   note "fsdpmem: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, reshard never, no activation budget; the embedding is freed after forward and not gathered for backward): chunk 8192 / 4096; parallel.ac=pointwise on the first 2 / 3 / 4 blocks (ac_skip_last 14 / 13 / 12); torchtitan"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
     --set parallel.reshard_after_forward=never)
-  local pw=(--set parallel.ac=pointwise)
+  local pw=(--ac pointwise)
   titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
   ours 0,1 2 1b_c8192 90 "${c[@]}" --set train.loss_chunk_tokens=8192
   ours 0,1 2 1b_c8192_pw3 90 "${c[@]}" --set train.loss_chunk_tokens=8192 "${pw[@]}" --set parallel.ac_skip_last=13
@@ -365,7 +365,7 @@ part_fsdpauto() {
     --set train.loss_chunk_tokens=8192)
   titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
   ours 0,1 2 1b_auto 90 "${c[@]}" --set parallel.reshard_after_forward=auto
-  ours 0,1 2 1b_never_pw4 90 "${c[@]}" --set parallel.reshard_after_forward=never --set parallel.ac=pointwise \
+  ours 0,1 2 1b_never_pw4 90 "${c[@]}" --set parallel.reshard_after_forward=never --ac pointwise \
     --set parallel.ac_skip_last=12
   ours 0,1 2 1b_auto_prefetch1 90 "${c[@]}" --set parallel.reshard_after_forward=auto --set parallel.fsdp_prefetch=1
   titan 0,1 2 1b_fsdp2_again 100 "${P1B[@]}" --fp8 none
@@ -375,7 +375,7 @@ part_fsdpauto() {
 part_pw4() {
   note "pw4: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never, ac=pointwise on the first 4 blocks) against torchtitan, three times interleaved; never + pointwise on the first 5 blocks once"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
-    --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --set parallel.ac=pointwise)
+    --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --ac pointwise)
   local i
   for i in 1 2 3; do
     titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none

@@ -2,7 +2,7 @@
 
 import pytest
 
-from train.bench.comm import parse_size, size_range
+from train.bench.comm_args import parse_size, size_range
 from train.bench.compression import timing_window, variant_overrides
 from train.comm.bandwidth import OPS, algbw, bus_factor, busbw
 from train.comm.links import LINKS, emulate_link

@@ -61,8 +61,10 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "long_rdma_fabric.yaml").write_text(infiniband.replace("name: rdma/ib", "name: rdma/" + "a" * 70))
     (tmp / "int_key.yaml").write_text("train:\n  1: 2\n")
     (tmp / "octal.yaml").write_text("train:\n  steps: 010\n")
+    (tmp / "points.yaml").write_text("- {}\n" * 1001)  # 1001 one-point grids
     return {"etc_link": str(tmp / "etc_link"), **{name: str(tmp / f"{name}.yaml") for name in profiles},
             "int_key_yaml": str(tmp / "int_key.yaml"), "long_rdma_fabric": str(tmp / "long_rdma_fabric.yaml"), "octal_yaml": str(tmp / "octal.yaml"),
+            "points_yaml": str(tmp / "points.yaml"),
             "tmp": str(tmp), "dir": str(tmp / "adir"), "badtok_dir": str(tmp / "badtok"), "afile": str(tmp / "afile"),
             "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
             "binary_yaml": str(tmp / "binary.yaml"), "unknown_key_yaml": str(tmp / "unknown.yaml"),

@@ -16,6 +16,7 @@ SIGKILL from outside is exactly what the OOM killer or a node failure does.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -276,3 +277,26 @@ def test_proc_helpers_find_workers():
     finally:
         child.kill()
         child.wait()
+
+
+def test_sigterm_stops_bench_step_and_keeps_the_finished_points(tmp_path):
+    """SIGTERM ends ``train bench step`` at the next step (it ran on for the whole grace period,
+    then blamed a missing checkpoint; a one-point grid ignored it): one line naming the signal,
+    exit 128 + 15, and the report of the points already done is kept."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("- {steps: 1, warmup: 0}\n- {steps: 1000000, warmup: 0}\n")
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "train", "bench", "step", "--device", "cpu", "--preset", "tiny", "--batch", "2",
+           "--seq", "32", "--plan", str(plan), "--out", str(out)]
+    job = Proc(cmd, tmp_path / "logs", "bench")
+    try:
+        _wait_for(lambda: (out / "step.json").is_file(), 120 + SLACK_S, "the first point's report", [job])
+        time.sleep(1)  # into the second point's steps
+        job.p.send_signal(signal.SIGTERM)
+        code = job.wait(SLACK_S)
+    finally:
+        job.kill()
+    assert code == 128 + signal.SIGTERM, job.text()[-3000:]
+    errors = [ln for ln in job.stderr().splitlines() if ln.startswith("error: ")]
+    assert errors == [f"error: stopped by SIGTERM after 1 of 2 points; {out / 'step.json'} keeps them"], job.stderr()
+    assert len(json.loads((out / "step.json").read_text())["rows"]) == 1

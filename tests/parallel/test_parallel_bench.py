@@ -11,7 +11,7 @@ import pytest
 from testlib import torchrun, train_cli
 
 SMALL = ["--set", "model.n_layers=2", "--set", "model.dim=64", "--set", "model.n_heads=4",
-         "--set", "train.device=cpu"]
+         "--device", "cpu"]
 
 
 def _report(out):
@@ -74,7 +74,7 @@ def test_bench_step_rejects_unknown_strategy(tmp_path):
 def test_plan_grids_are_checked_before_any_point_runs(tmp_path):
     """A grid's ``set`` must be a list of KEY=VALUE strings (a bare string was split into
     characters, blamed on ``--set 't'``); unknown keys and non-lists are refused too."""
-    from train.bench.step import load_plan
+    from train.bench.grid import load_plan
     from train.errors import ConfigError
 
     defaults = {"preset": "tiny", "set": ["train.seed=1"]}

@@ -21,7 +21,6 @@ machinery does not distort the number.
 
 from __future__ import annotations
 
-import re
 import statistics
 import sys
 import time
@@ -31,43 +30,8 @@ import click
 import torch
 import torch.distributed as dist
 
-from train.comm.bandwidth import OPS, algbw, bus_factor, busbw
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
-MAX_BYTES = 64 << 30  # per message: beyond any GPU's free memory for a buffer pair
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``"8"``, ``"64K"``, ``"1M"``, ``"4G"``, ``"1GiB"``, ``"512MB"`` -> bytes (binary units, as nccl-tests)."""
-    m = re.fullmatch(r"\s*([0-9]{1,12}(?:\.[0-9]{1,6})?)\s*([KMGT]?)(?:i?B)?\s*", str(text),
-                     flags=re.IGNORECASE | re.ASCII)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (examples: 8, 64K, 1M, 4G)")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-    if size > MAX_BYTES:
-        raise ValueError(f"size {text!r} is more than {MAX_BYTES >> 30} GiB")
-    return size
-
-
-def size_range(lo: int, hi: int, factor: int) -> list[int]:
-    if lo < 1 or hi < lo:
-        raise ValueError(f"need 1 <= min-bytes <= max-bytes, got {lo}..{hi}")
-    if factor < 2:
-        raise ValueError(f"--factor must be >= 2, got {factor}")
-    sizes, s = [], lo
-    while s <= hi:
-        sizes.append(s)
-        s *= factor
-    return sizes
-
-
-def human(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
-
+from train.bench.comm_args import DTYPES, check_args, human
+from train.comm.bandwidth import OPS, algbw, busbw
 
 class _Clock:
     """Per-iteration timing on the device; slowest-rank reductions."""
@@ -239,7 +203,7 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 @click.option("--apply", "apply_path", type=click.Path(path_type=Path), default=None,
               help="Write the recommended comm.* keys into this YAML config (implies --recommend).")
 @click.option("--tflops", type=float, default=None,
-              help="Achieved TFLOP/s per GPU for the recommendation (default: 40%% of 989, H100/H200 bf16).")
+              help="Achieved TFLOP/s per GPU for the recommendation (default: 40% of 989, H100/H200 bf16).")
 @click.option("--tokens-per-gpu", type=int, default=None, help="Tokens per GPU per step (default 8192).")
 def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p, p2p_bytes,
              raw, emulate_link, impl, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> None:
@@ -250,8 +214,9 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     if name is None:  # --name '' is refused by check_report, not replaced
         name = "latency" if impl else "comm" + (f"_{emulate_link}" if emulate_link else "")
     try:
-        args = _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds,
-                           p2p_bytes, impl, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu)
+        args = check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds,
+                           p2p_bytes if p2p else None, impl, out_dir, name, recommend, apply_path, tflops,
+                           tokens_per_gpu)
     except ValueError as exc:
         fail(str(exc), 2)
     from train.bench.report import claim_report
@@ -271,43 +236,6 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
         _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name)
         if args["recommend"]:
             _recommend(rows, info.world_size, tflops, tokens_per_gpu, apply_path, out_dir / f"{name}.json")
-
-
-def _check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p_bytes, impl,
-                out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> dict:
-    """Every argument checked before any process group exists (ValueError: usage error)."""
-    from train.bench.latency import parse_impls
-    from train.bench.report import check_report, choice_list, comma_list
-
-    check_report(out_dir, name)
-    impls = parse_impls(impl) if impl is not None else []
-    op_list = comma_list(ops, "--ops")
-    for o in op_list:
-        bus_factor(o, 2)
-    dtype_list = choice_list(dtypes, "--dtype", DTYPES)
-    lo, hi = ("4K", "4M") if impls else ("8", "1G")
-    sizes = size_range(parse_size(min_bytes or lo), parse_size(max_bytes or hi), factor)
-    if warmup < 1 or iters < 1 or max_seconds <= 0:
-        raise ValueError("--warmup and --iters must be >= 1, --max-seconds > 0")
-    recommend = recommend or apply_path is not None
-    if recommend and ("all_reduce" not in op_list or impls):
-        raise ValueError("--recommend needs all_reduce in --ops (and no --impl)")
-    if (tflops is not None and tflops <= 0) or (tokens_per_gpu is not None and tokens_per_gpu <= 0):
-        raise ValueError("--tflops and --tokens-per-gpu must be > 0")
-    if apply_path is not None:  # a config the bench could not write is refused before the bench
-        from train.comm.advice import read_apply_target
-
-        read_apply_target(apply_path)
-    from train.preflight import world_size_from_env
-
-    if world_size_from_env() < 2:
-        raise ValueError("train bench comm needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)")
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if "symm_mem" in impls and (backend != "nccl" or not torch.cuda.is_available()):
-        raise ValueError("--impl symm_mem: needs CUDA GPUs and the nccl backend (symmetric memory is GPU memory)")
-    return {"ops": op_list, "dtypes": dtype_list, "sizes": sizes, "p2p_bytes": parse_size(p2p_bytes),
-            "impls": impls, "backend": backend, "recommend": recommend}
 
 
 def _init(backend: str, emulate_link):
@@ -338,7 +266,6 @@ def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> Non
 
 def _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name) -> None:
     from train.bench.comm_charts import chart_p2p, chart_sweep
-    from train.bench.compression import have_matplotlib
     from train.bench.report import environment_meta, write_report
     from train.comm.links import nccl_environment
 
@@ -348,13 +275,13 @@ def _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name) -> None
     if ref:
         meta["raw_reference"] = ref
     table = write_report(out_dir, name, rows, SWEEP_COLUMNS + ["error"] * any("error" in r for r in rows),
-                         meta, chart=chart_sweep if have_matplotlib() else None)
+                         meta, chart=chart_sweep)
     click.echo(table)
     if p2p_rows:
         click.echo("")
         p2p_cols = ["src", "dst", "bytes", "iters", "time_us", "bw_GBps"]
         click.echo(write_report(out_dir, f"{name}_p2p", p2p_rows, p2p_cols, meta,
-                                chart=chart_p2p if have_matplotlib() else None))
+                                chart=chart_p2p))
     if ref:
         click.echo(f"\nall_reduce {ref['dtype']} {human(ref['bytes'])}: "
                    f"bench busbw {ref['bench_busbw_GBps']:.2f} GB/s, raw loop {ref['raw_busbw_GBps']:.2f} GB/s "

@@ -30,7 +30,6 @@ import click
 import torch
 
 from launch.safety import excerpt, parse_ascii_int, parse_finite_float
-from train.bench.report import have_matplotlib
 from train.console import fail, setup
 
 log = logging.getLogger(__name__)
@@ -144,11 +143,11 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
             variant_overrides(spec)  # a bad variant is named before anything else
     except ValueError as exc:
         fail(str(exc), 2)
-    world = preflight.world_size_from_env()
+    world = preflight.check_launcher_env()  # its ConfigError: one line, exit 2 (train.cli)
     if world < 2:
         fail("train bench compression needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)", 2)
     base = _base_overrides(preset, steps, batch, seq, start_iter, measure, overrides)
-    jobs = _variant_jobs(specs, preset, config_path, base, world, steps, loss_window)
+    jobs = _variant_jobs(specs, preset, config_path, base, world, steps, loss_window, runs_dir)
 
     from train import distributed as tdist
     from train.comm.links import emulate_link as apply_link
@@ -191,16 +190,21 @@ def _base_overrides(preset: str, steps: int, batch: int | None, seq: int | None,
             f"comm.powersgd_start_iter={start_iter}", f"comm.topk_start_iter={start_iter}",
             f"comm.localsgd_warmup={start_iter}"]
     base += [f"train.batch_size={batch}"] * (batch is not None) + [f"train.seq_len={seq}"] * (seq is not None)
+    owned = {item.split("=", 1)[0] for item in base}
+    for item in overrides:  # the row would show the option's value while the runs used the override
+        key = item.split("=", 1)[0].strip()
+        if key in owned:
+            fail(f"--set {excerpt(key)}: set by the command's own options for every variant; use those", 2)
     return base + list(overrides)
 
 
 def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: list[str], world: int,
-                  steps: int, loss_window: int) -> list[tuple[str, object]]:
+                  steps: int, loss_window: int, runs_dir: Path) -> list[tuple[str, object]]:
     """(label, job config) of every variant, each checked for ``world`` processes; usage
     errors exit 2 before any process group exists."""
     from train import preflight
     from train.config import CONFIG_DIR, load_config
-    from train.errors import ConfigError
+    from train.errors import ConfigError, DataError
 
     from train.models.presets import MODEL_PRESETS
 
@@ -213,12 +217,13 @@ def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: 
             label, extra = variant_overrides(spec)
             job = load_config(config_path, base + extra)
             preflight.check_job(job, world)
+            preflight.check_bench_job(job, runs_dir / label)
             jobs.append((label, job))
         if not jobs:
             raise ConfigError("--variants: nothing to run")
         if loss_window < 1 or steps < 2:
             raise ConfigError("--loss-window must be >= 1 and --steps >= 2")
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, DataError, ValueError) as exc:
         fail(str(exc), 2)
     return jobs
 
@@ -249,7 +254,7 @@ def _final_report(out_dir: Path, name: str, rows: list[dict], run_meta: dict) ->
             "bytes": "per rank per step, handed to collectives (incl. LocalSGD averaging, amortised)",
             "exposed_comm": "backward compute end -> last gradient collective done, + averaging (train.comm.overlap)"}
     cols = COLUMNS + ["error"] * any("error" in r for r in rows)
-    click.echo(write_report(out_dir, name, rows, cols, meta, chart=_chart if have_matplotlib() else None))
+    click.echo(write_report(out_dir, name, rows, cols, meta, chart=_chart))
 
 
 def _relative_to_none(rows: list[dict]) -> None:

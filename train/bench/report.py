@@ -128,7 +128,8 @@ def _keep_earlier(out: Path, name: str) -> None:
 
 def write_report(out_dir: Path, name: str, rows: list[dict], columns: Sequence[str],
                  meta: dict | None = None, chart=None) -> str:
-    """Write JSON + Markdown (+ PNG when ``chart(ax, rows)`` is given); return the table.
+    """Write JSON + Markdown (+ PNG when ``chart(ax, rows)`` is given and matplotlib is
+    installed); return the table.
 
     ``meta`` records how the numbers were made (command, GPU, versions)."""
     out_dir = check_report(out_dir, name)
@@ -137,7 +138,7 @@ def write_report(out_dir: Path, name: str, rows: list[dict], columns: Sequence[s
     atomic_write(out_dir / f"{name}.json", json.dumps({"meta": meta or {}, "rows": rows}, indent=1), what="--out")
     header = "".join(f"- {k}: {v}\n" for k, v in (meta or {}).items())
     atomic_write(out_dir / f"{name}.md", header + "\n" + table + "\n", what="--out")
-    if chart is not None:
+    if chart is not None and have_matplotlib():
         import matplotlib
 
         matplotlib.use("Agg")

@@ -39,11 +39,12 @@ Output in ``--out``: ``NAME.json`` (rows, with every step's loss), ``NAME.md``,
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import itertools
 import logging
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -53,114 +54,18 @@ from pathlib import Path
 import click
 import torch
 
-from launch.safety import excerpt, load_yaml_file, parse_ascii_int
+from train.bench.grid import DATA_SOURCES, FP8_CHOICES, GRID_KEYS, STRATEGIES, expand_all, job_overrides, load_plan
 from train.bench.gpu_stats import ForwardMemory, memory_columns, reduce_max
 from train.config import MAX_TIMEOUT_S
-from train.console import setup
-from train.errors import ConfigError
+from train.console import fail, setup
+from train.errors import RUNTIME_ERRORS, ConfigError
 from train.parallel.config import AC_MODES
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = {
-    "ddp": ["parallel.strategy=ddp"],
-    "fsdp": ["parallel.strategy=fsdp", "parallel.dp_replicate=1", "parallel.dp_shard=-1", "parallel.tp=1"],
-    "hsdp": ["parallel.strategy=fsdp", "parallel.dp_replicate=2", "parallel.dp_shard=-1", "parallel.tp=1"],
-    "tp": ["parallel.strategy=fsdp", "parallel.dp_replicate=1", "parallel.dp_shard=1", "parallel.tp=-1"],
-    "fsdp_tp": ["parallel.strategy=fsdp", "parallel.dp_replicate=1", "parallel.dp_shard=-1", "parallel.tp=2"],
-}
-GRID_KEYS = ("preset", "strategy", "fp8", "ac", "compile", "batch", "seq")
 COLUMNS = ["preset", "strategy", "mesh", "fp8", "ac", "compile", "batch", "seq", "overrides", "gpus", "status", "step_ms",
            "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "act_mem_gib", "warmup_s",
            "first_loss", "final_loss"]
-
-
-def fp8_overrides(value: str) -> list[str]:
-    if value == "none":
-        return ["fp8.backend=none"]
-    if value.startswith("te:"):
-        return ["fp8.backend=te", f"fp8.recipe={value[3:]}"]
-    return ["fp8.backend=torchao", f"fp8.recipe={value}"]
-
-
-def compile_flag(value: str) -> bool:
-    v = str(value).lower()
-    if v in ("on", "true", "1", "yes"):
-        return True
-    if v in ("off", "false", "0", "no"):
-        return False
-    raise ConfigError(f"--compile: expected on/off, got {excerpt(value)}")
-
-
-FP8_CHOICES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "te:current", "te:delayed", "te:mxfp8")
-MAX_POINTS = 1000
-
-
-def _choice(key: str, value: str, valid) -> str:
-    if value not in valid:
-        raise ConfigError(f"--{key}: unknown {excerpt(value)} (valid: {', '.join(valid)})")
-    return value
-
-
-def expand(grid: dict) -> list[dict]:
-    """The cartesian product of one grid's comma lists, as point dicts; every value is
-    checked here (before any process group), every point's job config validated."""
-    from train.config import load_config
-    from train.models.presets import MODEL_PRESETS
-
-    from train.bench.report import comma_list
-
-    try:
-        lists = [comma_list(grid[k], f"--{k}") for k in GRID_KEYS]
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    for v in lists[GRID_KEYS.index("preset")]:
-        _choice("preset", v, list(MODEL_PRESETS))
-    for v in lists[GRID_KEYS.index("strategy")]:
-        _choice("strategy", v, list(STRATEGIES))
-    for v in lists[GRID_KEYS.index("fp8")]:
-        _choice("fp8", v, FP8_CHOICES)
-    for v in lists[GRID_KEYS.index("ac")]:
-        _choice("ac", v, AC_MODES)
-    total = 1
-    for values in lists:
-        total *= len(values)
-    if total > MAX_POINTS:
-        raise ConfigError(f"bench grid: {total} points, more than {MAX_POINTS}")
-    if not isinstance(grid.get("data"), str) or grid["data"] not in ("synthetic", "embedded"):
-        raise ConfigError(f"--data: {excerpt(grid.get('data'))}: synthetic or embedded")
-    points = []
-    for combo in itertools.product(*lists):
-        point = dict(zip(GRID_KEYS, combo))
-        point["compile"] = compile_flag(point["compile"])
-        point["batch"] = parse_ascii_int("--batch", point["batch"], 1, 1 << 20)
-        point["seq"] = parse_ascii_int("--seq", point["seq"], 1, 1 << 24)
-        sets = grid.get("set") or []
-        if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
-            raise ConfigError(f"--plan: set must be a list of KEY=VALUE strings, got {excerpt(sets)}")
-        point.update(steps=parse_ascii_int("--steps", grid["steps"], 1, 1 << 20),
-                     warmup=parse_ascii_int("--warmup", grid["warmup"], 0, 1 << 20), data=grid["data"],
-                     set=list(sets))
-        load_config(None, job_overrides(point))  # a bad point is a usage error now, not a failed row later
-        points.append(point)
-    return points
-
-
-def job_overrides(point: dict) -> list[str]:
-    return [
-        f"model.name={point['preset']}",
-        f"data.source={point['data']}",
-        f"train.seq_len={point['seq']}",
-        f"train.batch_size={point['batch']}",
-        f"train.steps={point['warmup'] + point['steps']}",
-        "checkpoint.final=false", "checkpoint.resume=never", "checkpoint.every=0",
-        "metrics.progress=false",
-        *STRATEGIES[point["strategy"]],
-        *fp8_overrides(point["fp8"]),
-        f"parallel.ac={point['ac']}",
-        f"parallel.compile={str(point['compile']).lower()}",
-        *point["set"],
-    ]
 
 
 class _StepClock:
@@ -179,6 +84,23 @@ class _StepClock:
         t0 = time.perf_counter()
         out = fn()
         return time.perf_counter() - t0, out
+
+
+class _Stopped(BaseException):
+    """SIGTERM/SIGINT: every rank agreed to stop (the step's agreement all-reduce). Not an
+    ``Exception``: a point's error handling turns errors into rows, this ends the benchmark."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum, self.done = signum, 0
+
+
+def _step(trainer):
+    """One training step; a stop the ranks agreed on ends the benchmark, not just the point."""
+    out = trainer.train_step()
+    if out[2]:
+        raise _Stopped(trainer.preemption.signum or signal.SIGTERM)
+    return out
 
 
 def _first_line(exc: BaseException) -> str:
@@ -274,13 +196,13 @@ def run_point(point: dict, info) -> dict:
         losses = []
         t0 = time.perf_counter()
         for _ in range(point["warmup"]):
-            losses.append(trainer.train_step()[0])
+            losses.append(_step(trainer)[0])
         row["warmup_s"] = time.perf_counter() - t0
         if cuda:
             memory = ForwardMemory(trainer.par.model, info.device)
         times = []
         for _ in range(point["steps"]):
-            dt, (loss, _, _) = clock.time(trainer.train_step)
+            dt, (loss, _, _) = clock.time(lambda: _step(trainer))
             times.append(dt)
             losses.append(loss)
         step_s = reduce_max([statistics.median(times)], info)[0]
@@ -329,36 +251,19 @@ def _chart(ax, rows) -> None:
     ax.set_title("train bench step")
 
 
-def load_plan(path: Path, defaults: dict) -> list[dict]:
-    data = load_yaml_file(Path(path), "--plan")  # bounded: size, depth, aliases
-    if not isinstance(data, list) or not data or not all(isinstance(g, dict) for g in data):
-        raise ConfigError(f"--plan {excerpt(str(path))}: expected a YAML list of mappings")
-    grids = []
-    for i, g in enumerate(data):
-        unknown = set(map(str, g)) - set(defaults)
-        if unknown:
-            raise ConfigError(f"--plan {excerpt(str(path))}: grid {i}: unknown keys "
-                              f"{excerpt(', '.join(sorted(unknown)))}")
-        sets = g.get("set") or []
-        if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
-            raise ConfigError(f"--plan {excerpt(str(path))}: grid {i}: set: expected a list of KEY=VALUE strings")
-        grid = {**defaults, **g, "set": [*defaults["set"], *sets]}  # command-line --set applies too
-        grids.append(grid)
-    return grids
-
-
 @click.command("step")
 @click.option("--preset", default="tiny", show_default=True, help="Model presets (comma list).")
 @click.option("--strategy", default="ddp", show_default=True, help=f"Comma list of: {', '.join(STRATEGIES)}.")
 @click.option("--fp8", default="none", show_default=True,
-              help="Comma list: none, tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, te:current, te:delayed, te:mxfp8.")
+              help=f"Comma list of: {', '.join(FP8_CHOICES)}.")
 @click.option("--ac", default="none", show_default=True, help=f"Comma list of: {', '.join(AC_MODES)}.")
 @click.option("--compile", "compile_", default="off", show_default=True, help="Comma list of: on, off.")
 @click.option("--batch", default="4", show_default=True, help="Micro-batch per rank (comma list).")
 @click.option("--seq", default="128", show_default=True, help="Sequence length (comma list).")
 @click.option("--steps", default=10, show_default=True, type=int, help="Timed steps per point.")
 @click.option("--warmup", default=3, show_default=True, type=int, help="Untimed steps first (compile etc.).")
-@click.option("--data", default="synthetic", show_default=True, type=click.Choice(["synthetic", "embedded"]))
+@click.option("--data", default="synthetic", show_default=True, type=click.Choice(DATA_SOURCES),
+              help="Token source; file: a token file named by --set data.path=FILE.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every point.")
 @click.option("--plan", type=click.Path(path_type=Path, dir_okay=False), help="YAML list of grids to run.")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
@@ -372,17 +277,30 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
     from train import distributed as tdist
     from train.bench.report import check_report, claim_report, environment_meta
 
+    from train import preflight
+
     out_dir = check_report(out_dir, name)
     if steps < 1 or warmup < 0:
         raise ConfigError("--steps must be >= 1 and --warmup >= 0")
+    preflight.check_launcher_env()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA GPU is visible here (use --device auto or cpu)")
     defaults = dict(preset=preset, strategy=strategy, fp8=fp8, ac=ac, compile=compile_, batch=batch, seq=seq,
                     steps=steps, warmup=warmup, data=data, set=list(overrides))
     grids = load_plan(plan, defaults) if plan else [defaults]
-    points = [p for g in grids for p in expand(g)]
+    points = expand_all(grids)
+    for point in points:  # what train run checks before it starts: device, data, metric files
+        job = _point_job(point)
+        if device != "auto":  # the points run where --device says
+            job = dataclasses.replace(job, train=dataclasses.replace(job.train, device=device))
+        preflight.check_bench_job(job, out_dir)
 
     claim_report(out_dir, name)
     setup()  # per-point progress on stderr
-    info = tdist.init_distributed(device, timeout_s, nccl_env=_points_nccl_env(points))
+    try:
+        info = tdist.init_distributed(device, timeout_s, nccl_env=_points_nccl_env(points))
+    except RUNTIME_ERRORS as exc:
+        fail(f"process group: {_first_line(exc)}", 1)
     meta = environment_meta() if info.is_main else {}
     meta.update(command=" ".join(["train bench step", *sys.argv[3:]]), world_size=info.world_size,
                 device=info.device.type)
@@ -392,6 +310,10 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
             if info.is_main:
                 click.echo(table)
                 click.echo(f"\nreport: {out_dir / (name + '.json')}, .md, .png")
+        except _Stopped as stop:
+            kept = f"; {out_dir / (name + '.json')} keeps them" if stop.done else ""
+            fail(f"stopped by {signal.Signals(stop.signum).name} after {stop.done} of {len(points)} points{kept}",
+                 128 + stop.signum)
         finally:
             from train.parallel.mesh import forget_meshes
 
@@ -406,7 +328,11 @@ def _run_points(points: list[dict], info, out_dir: Path, name: str, meta: dict) 
 
     rows, table = [], ""
     for i, point in enumerate(points):
-        row = run_point(point, info)
+        try:
+            row = run_point(point, info)
+        except _Stopped as stop:
+            stop.done = i
+            raise
         rows.append(row)
         if info.is_main:
             extra = ""
