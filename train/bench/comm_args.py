@@ -101,16 +101,17 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
 
 
 def _check_fits(largest: int, p2p: int, world: int, backend: str) -> None:
-    """The largest message's buffers (an all_gather's output is ``world`` of them, plus input and
-    scratch) and the P2P pair's fit the memory each process has: a GPU's, or its share of
-    the host's memory with gloo."""
+    """The largest message's buffers (a message is the larger side of a collective, as in
+    nccl-tests: input, output and the reference loop's buffer at most) and the P2P pair's fit
+    the memory each process has: a GPU's, or its share of the host's memory with gloo."""
     from train.preflight import host_memory_bytes
 
-    need = max(largest * (world + 2), 2 * p2p)
+    need = max(3 * largest, 2 * p2p)
     if backend == "nccl":
         have, where = torch.cuda.get_device_properties(0).total_memory, "a GPU's memory"
     else:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+        raw = os.environ.get("LOCAL_WORLD_SIZE") or ""
+        local = int(raw) if raw.isascii() and raw.isdigit() else world  # checked by check_launcher_env
         have, where = host_memory_bytes() // max(local, 1), f"this host's memory / {local} processes"
     if need > have:
         raise ValueError(f"--max-bytes/--p2p-bytes: the largest message needs about {need / 2**30:.1f} GiB per "
