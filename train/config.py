@@ -33,6 +33,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 # Config fields are numbers a job can actually use: integers fit int64 and floats are finite.
 INT_LIMIT = 2**63 - 1
 MAX_TIMEOUT_S = 7 * 24 * 3600  # collective timeouts (train.timeout_s, preflight, bench): a larger timedelta overflows
+DATA_SOURCES = ("synthetic", "embedded", "file")
 SEED_MAX = 2**32 - 1  # numpy's SeedSequence and torch.manual_seed(seed + 1000 * rank) both accept it
 LOSS_MODES = ("auto", "eager", "compiled", "chunked")  # train.loss, see train/loss.py
 
@@ -48,8 +49,8 @@ class DataConfig:
     tokenizer: str = ""
 
     def validate(self) -> None:
-        if self.source not in ("embedded", "file", "synthetic"):
-            raise ConfigError(f"data.source: must be embedded, file or synthetic, got {self.source!r}")
+        if self.source not in DATA_SOURCES:
+            raise ConfigError(f"data.source: must be one of {', '.join(DATA_SOURCES)}, got {self.source!r}")
         if self.source == "file" and not self.path:
             raise ConfigError("data.path: required when data.source=file")
         if self.embedded_mb <= 0:

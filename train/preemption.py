@@ -107,6 +107,12 @@ class Preemption:
             threading.Thread(target=_watch_wakeup_fd, args=(read_fd,), name="sigterm-watch", daemon=True).start()
             _watcher_started = True
 
+    def take_over(self, earlier: "Preemption | None") -> None:
+        """A stop that reached ``earlier`` (the handler installed before this one, e.g. between
+        two trainers of one benchmark) applies to this one."""
+        if earlier is not None and earlier.requested:
+            self._trip(earlier.signum or signal.SIGTERM)
+
     def _handler(self, signum, frame) -> None:  # noqa: ARG002
         self._trip(signum)
 

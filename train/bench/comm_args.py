@@ -54,15 +54,16 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
     from train.bench.latency import parse_impls
     from train.bench.report import check_report, choice_list, comma_list
 
-    from train.bench.report import REPORT_SUFFIXES
+    from train.bench.report import NAME_MAX, REPORT_SUFFIXES
     from train.preflight import check_launcher_env
 
     impls = parse_impls(impl) if impl is not None else []
     reports = [name] + [f"{name}_p2p"] * (p2p_bytes is not None and not impls)
     check_report(out_dir, name)
     if len(reports) > 1:  # every report this run writes, before the sweep
-        if len(name) > 96:
-            raise ValueError(f"--name {excerpt(name)}: at most 96 characters here (the P2P report is NAME_p2p)")
+        if len(reports[1]) > NAME_MAX:
+            raise ValueError(f"--name {excerpt(name)}: at most {NAME_MAX - len('_p2p')} characters here "
+                             "(the P2P report is NAME_p2p)")
         check_report(out_dir, reports[1])
     op_list = comma_list(ops, "--ops")
     for o in op_list:
@@ -102,11 +103,11 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
 
 def _check_fits(largest: int, p2p: int, world: int, backend: str) -> None:
     """The largest message's buffers (a message is the larger side of a collective, as in
-    nccl-tests: input, output and the reference loop's buffer at most) and the P2P pair's fit
-    the memory each process has: a GPU's, or its share of the host's memory with gloo."""
+    nccl-tests: its input and output at most) and the P2P buffer fit the memory each process
+    has: a GPU's, or its share of the host's memory with gloo."""
     from train.preflight import host_memory_bytes
 
-    need = max(3 * largest, 2 * p2p)
+    need = max(2 * largest, p2p)
     if backend == "nccl":
         have, where = torch.cuda.get_device_properties(0).total_memory, "a GPU's memory"
     else:

@@ -194,7 +194,8 @@ def _base_overrides(preset: str, steps: int, batch: int | None, seq: int | None,
     for item in overrides:  # the row would show the option's value while the runs used the override
         key = item.split("=", 1)[0].strip()
         if key in owned:
-            fail(f"--set {excerpt(key)}: set by the command's own options for every variant; use those", 2)
+            fail(f"--set {excerpt(key)}: train bench compression sets it for every variant (from --preset, "
+                 "--steps, --batch, --seq, --start-iter, --measure, or itself)", 2)
     return base + list(overrides)
 
 

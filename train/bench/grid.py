@@ -9,6 +9,7 @@ import itertools
 from pathlib import Path
 
 from launch.safety import excerpt, load_yaml_file, parse_ascii_int
+from train.config import DATA_SOURCES
 from train.errors import ConfigError
 from train.parallel.config import AC_MODES
 
@@ -22,22 +23,19 @@ STRATEGIES = {
 GRID_KEYS = ("preset", "strategy", "fp8", "ac", "compile", "batch", "seq")
 
 # The config keys a point's options set (job_overrides): a --set of one of them is refused, as
-# the row would show the option's value while the run used the override.
-_KEY_OPTION = {"model.name": "--preset", "data.source": "--data", "train.seq_len": "--seq",
-               "train.batch_size": "--batch", "train.steps": "--steps/--warmup", "parallel.ac": "--ac",
-               "parallel.compile": "--compile", "train.device": "--device"}
+# the row would show the option's value while the run used the override. The mesh sizes a
+# strategy sets (parallel.tp, dp_*) stay open to --set: the row's mesh column shows the result.
+OWNED_KEYS = {"model.name": "--preset", "data.source": "--data", "train.seq_len": "--seq",
+              "train.batch_size": "--batch", "train.steps": "--steps/--warmup", "parallel.ac": "--ac",
+              "parallel.compile": "--compile", "parallel.strategy": "--strategy", "fp8.backend": "--fp8",
+              "fp8.recipe": "--fp8", "train.device": "--device"}
 
 
 def _check_owned_keys(point: dict) -> None:
-    owned = {"train.device": "--device"}
-    for item in job_overrides({**point, "set": []}):
-        key = item.split("=", 1)[0]
-        owned[key] = _KEY_OPTION.get(key) or {"parallel": "--strategy", "fp8": "--fp8"}.get(
-            key.split(".", 1)[0], "train bench step itself")
     for item in point["set"]:
         key = item.split("=", 1)[0].strip()
-        if key in owned:
-            raise ConfigError(f"--set {excerpt(key)}: set by {owned[key]} for every point; use that option")
+        if key in OWNED_KEYS:
+            raise ConfigError(f"--set {excerpt(key)}: set by {OWNED_KEYS[key]} for every point; use that option")
 
 
 def fp8_overrides(value: str) -> list[str]:
@@ -59,7 +57,6 @@ def compile_flag(value: str) -> bool:
 
 FP8_CHOICES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "te:current", "te:delayed", "te:mxfp8")
 MAX_POINTS = 1000
-DATA_SOURCES = ("synthetic", "embedded", "file")  # file: data.path through --set
 
 
 def _choice(key: str, value: str, valid) -> str:

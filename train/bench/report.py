@@ -64,7 +64,8 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
     return "\n".join([head, sep, *body])
 
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII)
+NAME_MAX = 100  # characters of a report name
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}", re.ASCII)
 
 
 def check_report(out_dir, name: str) -> Path:
@@ -75,7 +76,7 @@ def check_report(out_dir, name: str) -> Path:
 
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise ConfigError(f"--name {excerpt(name)}: a report name is letters, digits, '.', '_' and '-' "
-                          "(no path), at most 100 characters")
+                          f"(no path), at most {NAME_MAX} characters")
     out = check_out_dir(out_dir)
     for suffix in REPORT_SUFFIXES:
         if (out / f"{name}{suffix}").exists() or (out / f"{name}{suffix}").is_symlink():

@@ -54,9 +54,9 @@ from pathlib import Path
 import click
 import torch
 
-from train.bench.grid import DATA_SOURCES, FP8_CHOICES, GRID_KEYS, STRATEGIES, expand_all, job_overrides, load_plan
+from train.bench.grid import FP8_CHOICES, GRID_KEYS, STRATEGIES, expand_all, job_overrides, load_plan
 from train.bench.gpu_stats import ForwardMemory, memory_columns, reduce_max
-from train.config import MAX_TIMEOUT_S
+from train.config import DATA_SOURCES, MAX_TIMEOUT_S
 from train.console import fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError
 from train.parallel.config import AC_MODES
@@ -93,6 +93,21 @@ class _Stopped(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum, self.done = signum, 0
+
+
+def _handover(trainer, signals: dict) -> None:
+    """Signals between points reach the handler installed last: the previous point's Trainer's,
+    or the benchmark's own before the first. A stop that arrived there is passed to this
+    point's Trainer, whose next step's agreement acts on it on every rank."""
+    trainer.preemption.take_over(signals.get("last"))
+    signals["last"] = trainer.preemption
+
+
+def _stop_requested(signals: dict, info) -> None:
+    """Before building a point: stop if any rank got SIGTERM/SIGINT since the last step."""
+    last = signals.get("last")
+    if reduce_max([float(last is not None and last.requested)], info)[0]:
+        raise _Stopped(getattr(last, "signum", 0) or signal.SIGTERM)
 
 
 def _step(trainer):
@@ -173,14 +188,14 @@ def _agree(row: dict, code: float, info) -> None:
         row["status"] = "OOM on another rank" if worst == 1 else "failed on another rank"
 
 
-def run_point(point: dict, info) -> dict:
+def run_point(point: dict, info, signals: dict) -> dict:
     """Build a Trainer for ``point``, run warm-up + timed steps; one report row."""
     from train.trainer import Trainer
 
     row, job = _row_and_job(point, info)
     if job is None:
         return row
-
+    _stop_requested(signals, info)
     cuda = info.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -190,6 +205,7 @@ def run_point(point: dict, info) -> dict:
     trainer, memory, code = None, None, 0.0
     try:
         trainer = Trainer(job, info, workdir)
+        _handover(trainer, signals)
         mesh = trainer.par.mesh
         row["mesh"] = mesh.describe() if hasattr(mesh, "describe") else f"dp={trainer.par.dp_world}"
         clock = _StepClock(info.device)
@@ -326,10 +342,17 @@ def _run_points(points: list[dict], info, out_dir: Path, name: str, meta: dict) 
     keeps what it measured. Returns the Markdown table."""
     from train.bench.report import write_report
 
+    from train.preemption import Preemption
+
     rows, table = [], ""
+    from train.config import TrainConfig
+
+    # the benchmark's own handler, until the first Trainer installs its own
+    signals = {"last": Preemption(grace_s=TrainConfig.shutdown_grace_s)}
+    signals["last"].install()
     for i, point in enumerate(points):
         try:
-            row = run_point(point, info)
+            row = run_point(point, info, signals)
         except _Stopped as stop:
             stop.done = i
             raise

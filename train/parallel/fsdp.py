@@ -12,7 +12,9 @@ single process would draw, so the values do not depend on the mesh (tested).
 * ``reshard_after_forward``: auto frees every block's gathered params after its
   forward except the last block's (backward needs them at once); ``never`` keeps them
   (more memory, no re-gather in backward); ``always`` frees all. The embedding's are freed
-  after forward in every mode and not gathered for backward, which does not read them.
+  after forward in every mode and not gathered for backward, which reads only the token ids
+  and the output gradient (``FSDPModule.set_unshard_in_backward``; a torch without it keeps
+  the mode's rule).
 * ``cpu_offload``: ``CPUOffloadPolicy`` (params/grads/optimizer state on the host; the
   optimizer step runs on the CPU). Weights are then initialised on the CPU, by the CPU
   generator: same seed, different (equally distributed) values than a GPU-initialised run.
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
+    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -82,16 +85,6 @@ def _set_prefetch(model: nn.Module, blocks: list[nn.Module], k: int) -> None:
             block.set_modules_to_backward_prefetch(behind)
 
 
-def _no_gather_in_backward(embedding: nn.Module) -> None:
-    """An embedding's backward reads only the token ids and the output gradient, never the
-    weight: its unit frees the gathered weight after forward (whatever
-    ``reshard_after_forward`` says) and is not gathered again for backward. The gradient is
-    reduce-scattered as for any unit. torch without the hook (< 2.6) gathers as before."""
-    setter = getattr(embedding, "set_unshard_in_backward", None)
-    if setter is not None:
-        setter(False)
-
-
 @contextlib.contextmanager
 def _no_sync(model):
     model.set_requires_gradient_sync(False)
@@ -118,8 +111,12 @@ def shard_model(model: nn.Module, fsdp_mesh, job, precision: str) -> None:
     }
     reshard_all = pcfg.reshard_after_forward == "always"
     if model.tok_embeddings is not None:
-        fully_shard(model.tok_embeddings, reshard_after_forward=True, **kwargs)
-        _no_gather_in_backward(model.tok_embeddings)
+        # freed after forward where backward does not gather it again (else as the mode says)
+        no_gather = hasattr(FSDPModule, "set_unshard_in_backward")
+        fully_shard(model.tok_embeddings, reshard_after_forward=no_gather or pcfg.reshard_after_forward != "never",
+                    **kwargs)
+        if no_gather:
+            model.tok_embeddings.set_unshard_in_backward(False)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=_reshard_policy(pcfg.reshard_after_forward, i, len(blocks)), **kwargs)
