@@ -78,16 +78,22 @@ def without_exit_barrier_race(log: str) -> str:
 
 
 def worker_affinity(node) -> dict[int, str]:
-    """Cpus_allowed_list of every `train run` process on the node."""
-    found = {}
+    """Cpus_allowed_list of every training worker on the node: the `train run` processes that
+    torchrun started (its children; helpers they fork later are not sampled)."""
+    procs = {}
     for pid in node.pids():
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
-        if b"-m" in cmdline and b"train" in cmdline and b"run" in cmdline and not any(
-                arg.endswith(b"torchrun") for arg in cmdline):
+        procs[pid] = (cmdline, status)
+    torchruns = {pid for pid, (cmdline, _) in procs.items()
+                 if any(arg.endswith(b"torchrun") for arg in cmdline[:2]) or b"torch.distributed.run" in cmdline}
+    found = {}
+    for pid, (cmdline, status) in procs.items():
+        parent = int(re.search(r"PPid:\s*(\d+)", status).group(1))
+        if parent in torchruns and b"-m" in cmdline and b"train" in cmdline and b"run" in cmdline:
             found[pid] = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
     return found
 
