@@ -121,9 +121,7 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
         job = load_config(config_path, extra)
         preflight.check_job(job, preflight.world_size_from_env())
         preflight.check_launcher_env()
-        preflight.check_device(job)
-        preflight.check_data(job)
-        preflight.check_metric_files(job, out_dir)
+        preflight.check_runs_here(job, out_dir)
     except (ConfigError, DataError) as exc:
         fail(str(exc), 2)
     if flight_recorder:

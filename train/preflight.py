@@ -243,9 +243,10 @@ def _check_default_cache_dir() -> None:
     check_dir(what, text)
 
 
-def check_bench_job(job: JobConfig, out_dir: Path) -> None:
-    """What ``train run`` checks of a job before it starts, for a benchmark's point or
-    variant: the device, the data (token file, cache directory), the metric files."""
+def check_runs_here(job: JobConfig, out_dir: Path) -> None:
+    """What this machine must give ``job`` before it starts (``train run``, and each point or
+    variant of a benchmark): the device, the data (token file, cache directory), the metric
+    files (relative to ``out_dir``)."""
     check_device(job)
     check_data(job)
     check_metric_files(job, out_dir)

@@ -184,19 +184,20 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
 
 def _base_overrides(preset: str, steps: int, batch: int | None, seq: int | None, start_iter: int, measure: bool,
                     overrides) -> list[str]:
-    """Config overrides every variant shares."""
-    base = [f"model.name={preset}", f"train.steps={steps}", "train.log_every=1", "checkpoint.final=false",
-            "checkpoint.every=0", "checkpoint.resume=never", "metrics.progress=false", f"comm.measure={measure}",
-            f"comm.powersgd_start_iter={start_iter}", f"comm.topk_start_iter={start_iter}",
-            f"comm.localsgd_warmup={start_iter}"]
-    base += [f"train.batch_size={batch}"] * (batch is not None) + [f"train.seq_len={seq}"] * (seq is not None)
-    owned = {item.split("=", 1)[0] for item in base}
-    for item in overrides:  # the row would show the option's value while the runs used the override
-        key = item.split("=", 1)[0].strip()
-        if key in owned:
-            fail(f"--set {excerpt(key)}: train bench compression sets it for every variant (from --preset, "
-                 "--steps, --batch, --seq, --start-iter, --measure, or itself)", 2)
-    return base + list(overrides)
+    """Config overrides every variant shares; a ``--set`` of one of their keys is refused."""
+    from train.bench.report import refuse_set_keys
+
+    itself = "train bench compression itself"
+    owned = [(f"model.name={preset}", "--preset"), (f"train.steps={steps}", "--steps"),
+             ("train.log_every=1", itself), ("checkpoint.final=false", itself), ("checkpoint.every=0", itself),
+             ("checkpoint.resume=never", itself), ("metrics.progress=false", itself),
+             (f"comm.measure={measure}", "--measure"), (f"comm.powersgd_start_iter={start_iter}", "--start-iter"),
+             (f"comm.topk_start_iter={start_iter}", "--start-iter"),
+             (f"comm.localsgd_warmup={start_iter}", "--start-iter")]
+    owned += [(f"train.batch_size={batch}", "--batch")] * (batch is not None)
+    owned += [(f"train.seq_len={seq}", "--seq")] * (seq is not None)
+    refuse_set_keys(overrides, {item.split("=", 1)[0]: option for item, option in owned}, "variant")
+    return [item for item, _ in owned] + list(overrides)
 
 
 def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: list[str], world: int,
@@ -218,7 +219,7 @@ def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: 
             label, extra = variant_overrides(spec)
             job = load_config(config_path, base + extra)
             preflight.check_job(job, world)
-            preflight.check_bench_job(job, runs_dir / label)
+            preflight.check_runs_here(job, runs_dir / label)
             jobs.append((label, job))
         if not jobs:
             raise ConfigError("--variants: nothing to run")

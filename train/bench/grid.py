@@ -31,13 +31,6 @@ OWNED_KEYS = {"model.name": "--preset", "data.source": "--data", "train.seq_len"
               "fp8.recipe": "--fp8", "train.device": "--device"}
 
 
-def _check_owned_keys(point: dict) -> None:
-    for item in point["set"]:
-        key = item.split("=", 1)[0].strip()
-        if key in OWNED_KEYS:
-            raise ConfigError(f"--set {excerpt(key)}: set by {OWNED_KEYS[key]} for every point; use that option")
-
-
 def fp8_overrides(value: str) -> list[str]:
     if value == "none":
         return ["fp8.backend=none"]
@@ -71,7 +64,7 @@ def expand(grid: dict) -> list[dict]:
     from train.config import load_config
     from train.models.presets import MODEL_PRESETS
 
-    from train.bench.report import comma_list
+    from train.bench.report import comma_list, refuse_set_keys
 
     try:
         lists = [comma_list(grid[k], f"--{k}") for k in GRID_KEYS]
@@ -104,7 +97,7 @@ def expand(grid: dict) -> list[dict]:
         point.update(steps=parse_ascii_int("--steps", grid["steps"], 1, 1 << 20),
                      warmup=parse_ascii_int("--warmup", grid["warmup"], 0, 1 << 20), data=grid["data"],
                      set=list(sets))
-        _check_owned_keys(point)
+        refuse_set_keys(point["set"], OWNED_KEYS, "point")
         load_config(None, job_overrides(point))  # a bad point is a usage error now, not a failed row later
         points.append(point)
     return points

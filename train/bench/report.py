@@ -30,6 +30,19 @@ def comma_list(text, option: str) -> list[str]:
     return items
 
 
+def refuse_set_keys(overrides, owners: dict[str, str], each: str) -> None:
+    """A ``--set KEY=VALUE`` of a key the command sets itself for ``each`` point or variant
+    (``owners``: key -> the option that sets it) is a usage error: the report would show the
+    option's value while the run used the override."""
+    from train.errors import ConfigError
+
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key in owners:
+            hint = "; use that option" if owners[key].startswith("--") else ""
+            raise ConfigError(f"--set {excerpt(key)}: set by {owners[key]} for every {each}{hint}")
+
+
 def choice_list(text: str, option: str, choices, word: str = "known") -> list[str]:
     """``a,b`` -> ``["a", "b"]``; ValueError (a usage error) when empty or an item is not a choice."""
     items = comma_list(text, option)

@@ -99,15 +99,15 @@ def _handover(trainer, signals: dict) -> None:
     """Signals between points reach the handler installed last: the previous point's Trainer's,
     or the benchmark's own before the first. A stop that arrived there is passed to this
     point's Trainer, whose next step's agreement acts on it on every rank."""
-    trainer.preemption.take_over(signals.get("last"))
+    trainer.preemption.take_over(signals["last"])
     signals["last"] = trainer.preemption
 
 
 def _stop_requested(signals: dict, info) -> None:
     """Before building a point: stop if any rank got SIGTERM/SIGINT since the last step."""
-    last = signals.get("last")
-    if reduce_max([float(last is not None and last.requested)], info)[0]:
-        raise _Stopped(getattr(last, "signum", 0) or signal.SIGTERM)
+    last = signals["last"]
+    if reduce_max([float(last.requested)], info)[0]:
+        raise _Stopped(last.signum or signal.SIGTERM)
 
 
 def _step(trainer):
@@ -291,9 +291,8 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
              timeout_s, out_dir, name) -> None:
     """Step throughput, MFU and memory over a grid of strategy x FP8 x AC x compile x model x batch."""
     from train import distributed as tdist
-    from train.bench.report import check_report, claim_report, environment_meta
-
     from train import preflight
+    from train.bench.report import check_report, claim_report, environment_meta
 
     out_dir = check_report(out_dir, name)
     if steps < 1 or warmup < 0:
@@ -309,7 +308,7 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
         job = _point_job(point)
         if device != "auto":  # the points run where --device says
             job = dataclasses.replace(job, train=dataclasses.replace(job.train, device=device))
-        preflight.check_bench_job(job, out_dir)
+        preflight.check_runs_here(job, out_dir)
 
     claim_report(out_dir, name)
     setup()  # per-point progress on stderr
@@ -341,13 +340,11 @@ def _run_points(points: list[dict], info, out_dir: Path, name: str, meta: dict) 
     """Every point in turn; the report (rank 0) is rewritten after each, so a launch cut short
     keeps what it measured. Returns the Markdown table."""
     from train.bench.report import write_report
-
+    from train.config import TrainConfig
     from train.preemption import Preemption
 
     rows, table = [], ""
-    from train.config import TrainConfig
-
-    # the benchmark's own handler, until the first Trainer installs its own
+    # the handler installed last: the benchmark's own until the first Trainer installs its own
     signals = {"last": Preemption(grace_s=TrainConfig.shutdown_grace_s)}
     signals["last"].install()
     for i, point in enumerate(points):
