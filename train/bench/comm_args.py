@@ -52,15 +52,14 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
                 out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> dict:
     """Every argument checked before any process group exists (ValueError: usage error)."""
     from train.bench.latency import parse_impls
-    from train.bench.report import check_report, choice_list, comma_list
-
-    from train.bench.report import NAME_MAX, REPORT_SUFFIXES
+    from train.bench.report import NAME_MAX, REPORT_SUFFIXES, check_report, choice_list, comma_list
     from train.preflight import check_launcher_env
 
     impls = parse_impls(impl) if impl is not None else []
-    reports = [name] + [f"{name}_p2p"] * (p2p_bytes is not None and not impls)
     check_report(out_dir, name)
-    if len(reports) > 1:  # every report this run writes, before the sweep
+    reports = [name]  # every report this run writes, checked before the sweep
+    if p2p_bytes is not None and not impls:
+        reports.append(f"{name}_p2p")
         if len(reports[1]) > NAME_MAX:
             raise ValueError(f"--name {excerpt(name)}: at most {NAME_MAX - len('_p2p')} characters here "
                              "(the P2P report is NAME_p2p)")
@@ -95,7 +94,7 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
         raise ValueError("--backend nccl: needs CUDA GPUs (none visible here); use --backend gloo")
     p2p = parse_size(p2p_bytes) if p2p_bytes is not None else 0
     _check_fits(max(sizes), p2p, world, backend)
-    if "symm_mem" in impls and (backend != "nccl" or not torch.cuda.is_available()):
+    if "symm_mem" in impls and backend != "nccl":  # nccl implies CUDA GPUs (checked above)
         raise ValueError("--impl symm_mem: needs CUDA GPUs and the nccl backend (symmetric memory is GPU memory)")
     return {"ops": op_list, "dtypes": dtype_list, "sizes": sizes, "p2p_bytes": p2p,
             "impls": impls, "backend": backend, "recommend": recommend}
