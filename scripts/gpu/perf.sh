@@ -78,6 +78,9 @@
 #   PART=fsdpauto bash scripts/gpu/perf.sh 2xH200, ~5 min: 1b FSDP2 reshard auto (+ fsdp_prefetch 1), never + pointwise on 4 blocks;
 #                                           torchtitan twice. PART=fp8seeds2: PART=fp8seeds with seeds 3/4/5.
 #   PART=pw4 bash scripts/gpu/perf.sh      2xH200, ~5 min: 1b FSDP2 never + pointwise on 4 blocks against torchtitan, 3x interleaved.
+#   PART=bsk bash scripts/gpu/perf.sh      2xH200, ~7 min: 1b FSDP2 never + activation budget 0.999 on the first 4 blocks
+#                                           (activation_memory_budget_skip_last=12) against torchtitan, 3x interleaved; 5 / 6 blocks once.
+#                                           PART=bsk6: the first 6 blocks (skip_last=10), 3x interleaved; no budget once.
 #   PART=gputests bash scripts/gpu/perf.sh  1-2 GPUs, ~1-2 min: the GPU-marked tests of
 #                                           tests/train/test_loss.py and tests/comm/test_small_reduce.py.
 # PART may be a comma list (run in order), e.g. PART=gputests,levers. OURS_ARGS: extra `train bench step` arguments for

@@ -383,3 +383,29 @@ part_pw4() {
   done
   ours 0,1 2 1b_never_pw5 90 "${c[@]}" --set parallel.ac_skip_last=11
 }
+
+part_bsk() {
+  note "bsk: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never): activation_memory_budget 0.999 on the first 4 blocks only (activation_memory_budget_skip_last=12) against torchtitan, three times interleaved; the first 5 / 6 blocks once"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
+    --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
+  local i
+  for i in 1 2 3; do
+    titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
+    ours 0,1 2 "1b_never_b4_$i" 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=12
+  done
+  ours 0,1 2 1b_never_b5 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=11
+  ours 0,1 2 1b_never_b6 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=10
+}
+
+part_bsk6() {
+  note "bsk6: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never): activation_memory_budget 0.999 on the first 6 blocks (activation_memory_budget_skip_last=10) against torchtitan, three times interleaved; without the budget once"
+  local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
+    --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never)
+  local i
+  for i in 1 2 3; do
+    titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
+    ours 0,1 2 "1b_never_b6_$i" 90 "${c[@]}" --set parallel.activation_memory_budget=0.999 \
+      --set parallel.activation_memory_budget_skip_last=10
+  done
+  ours 0,1 2 1b_never_nobudget 90 "${c[@]}"
+}

@@ -157,3 +157,58 @@ def test_recompute_param_casts_installs_and_clears_the_inductor_pass(tmp_path, m
         inductor_config.joint_custom_post_pass = theirs = lambda graph: None  # noqa: E731 - someone else's pass
         apply_compile(model, ParallelConfig(compile=True, recompute_param_casts=True))
         assert inductor_config.joint_custom_post_pass is theirs
+
+
+def _blocks_run(skip_last: int | None, tmp_path) -> tuple[list[int], dict, int]:
+    """Four small Llama blocks in bf16 through Inductor (CPU), the activation budget 0.999 on all
+    of them but the last ``skip_last`` (None: no budget). Returns the bytes each block saves for
+    backward, the gradients, and how many graphs Dynamo compiled."""
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    from train.models.llama import TransformerBlock, rope_cache
+    from train.models.presets import ModelConfig
+    from train.parallel.compile import apply_compile
+    from train.parallel.config import ParallelConfig
+
+    cfg = ModelConfig(dim=64, n_heads=4, n_kv_heads=2, ffn_hidden=256, max_seq_len=32)
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(4)}).to(torch.bfloat16)
+    budget = 1.0 if skip_last is None else 0.999
+    apply_compile(model, ParallelConfig(compile=True, activation_memory_budget=budget,
+                                        activation_memory_budget_skip_last=skip_last or 0))
+    rope = rope_cache(cfg.head_dim, 32, cfg.rope_theta)
+    h = torch.randn(2, 32, cfg.dim, generator=torch.Generator().manual_seed(1)).bfloat16().requires_grad_()
+    saved_bytes = []
+    for block in model.layers.values():
+        storages = {}
+
+        def pack(t, storages=storages):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            h = block(h, rope)
+        saved_bytes.append(sum(storages.values()))
+    h.float().square().sum().backward()
+    return saved_bytes, {n: p.grad.clone() for n, p in model.named_parameters()}, counters["stats"]["unique_graphs"]
+
+
+def test_activation_budget_skips_the_last_blocks(tmp_path, monkeypatch):
+    """parallel.activation_memory_budget_skip_last=2: the first two blocks are compiled under the
+    budget (their norm outputs and SwiGLU product recomputed in backward, less saved), the last
+    two as without it; one graph per group; the same gradients; torch's global budget stays 1.0."""
+    import torch._functorch.config as functorch_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    plain, grads, graphs = _blocks_run(None, tmp_path)
+    assert graphs == 1 and len(set(plain)) == 1
+    mixed, mixed_grads, graphs = _blocks_run(2, tmp_path)
+    assert graphs == 2
+    assert mixed[2:] == plain[2:] and mixed[0] == mixed[1] < plain[0] * 0.85, (mixed, plain)
+    assert functorch_config.activation_memory_budget == 1.0
+    for name, g in grads.items():
+        torch.testing.assert_close(mixed_grads[name], g, rtol=0, atol=0, msg=lambda m: f"grad {name}: {m}")

@@ -1,5 +1,5 @@
 """``torch.compile`` per transformer block (``parallel.compile``, ``parallel.compile_mode``,
-``parallel.activation_memory_budget``, ``parallel.recompute_param_casts``).
+``parallel.activation_memory_budget`` and its ``_skip_last``, ``parallel.recompute_param_casts``).
 
 Blocks are compiled in place with ``nn.Module.compile`` (no ``_orig_mod.`` wrapper, so
 parameter names do not change). All blocks share one code object and, with torch's
@@ -16,6 +16,12 @@ casts (narrowing casts of the graph's inputs) ``MUST_RECOMPUTE`` in a joint-grap
 (Inductor's ``joint_custom_post_pass``), so backward casts the fp32 parameter again, as
 FSDP re-gathers a resharded one: one more read of the weights per step, bit-identical
 values (tests/parallel/test_parallel_compile.py).
+
+``parallel.activation_memory_budget_skip_last`` = k leaves the budget off the last k blocks
+(as ``ac_skip_last`` does for checkpointing): backward reaches them first, so what they save
+is freed early. The first blocks are then compiled by a backend of their own that applies the
+budget while it partitions (``torch._functorch.config.patch``); Dynamo keeps one graph per
+backend, so there are two graphs, each shared by its blocks.
 
 Inductor's on-disk caches live under ``TORCHINDUCTOR_CACHE_DIR``; when unset it defaults
 to ``~/.cache/hopper-train/inductor`` (``$XDG_CACHE_HOME`` honoured) rather than a /tmp
@@ -67,15 +73,38 @@ def apply_compile(model: nn.Module, pcfg) -> int:
     # process-wide: set on every compile, so that one job's budget does not outlive it
     import torch._functorch.config as functorch_config
 
-    functorch_config.activation_memory_budget = pcfg.activation_memory_budget
+    blocks = list(model.layers.values())
+    budgeted = len(blocks)  # the first blocks, compiled under the budget
+    if pcfg.activation_memory_budget_skip_last and pcfg.compile_backend == "inductor":
+        budgeted = max(0, len(blocks) - pcfg.activation_memory_budget_skip_last)
+    functorch_config.activation_memory_budget = pcfg.activation_memory_budget if budgeted == len(blocks) else 1.0
     if pcfg.compile_backend == "inductor":
         _install_cast_pass(pcfg.recompute_param_casts)
     kwargs = {"backend": pcfg.compile_backend, "fullgraph": True}
     if pcfg.compile_backend == "inductor" and pcfg.compile_mode != "default":
         kwargs["mode"] = pcfg.compile_mode
-    for block in model.layers.values():
-        block.compile(**kwargs)
-    return len(model.layers)
+    first = kwargs
+    if budgeted < len(blocks):
+        first = {"backend": _budget_backend(pcfg.activation_memory_budget, pcfg.compile_mode), "fullgraph": True}
+    for i, block in enumerate(blocks):
+        block.compile(**(first if i < budgeted else kwargs))
+    return len(blocks)
+
+
+def _budget_backend(budget: float, mode: str):
+    """Inductor, with ``budget`` as the partitioner's activation memory budget while it compiles
+    (one object: the blocks compiled with it share their graph)."""
+    import torch._functorch.config as functorch_config
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    patches = list_mode_options(mode) if mode != "default" else {}
+
+    def inductor_under_budget(gm: fx.GraphModule, example_inputs):
+        with functorch_config.patch(activation_memory_budget=budget):
+            return compile_fx(gm, example_inputs, config_patches=patches)
+
+    return inductor_under_budget
 
 
 def tag_param_casts(graph: fx.Graph) -> int:

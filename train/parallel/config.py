@@ -51,6 +51,7 @@ class ParallelConfig:
     # < 1: the compiled blocks' partitioner recomputes in backward what it would have saved,
     # cheapest first, until the saved activations fit this fraction (torch._functorch.config)
     activation_memory_budget: float = 1.0
+    activation_memory_budget_skip_last: int = 0  # the last k compiled blocks without the budget (inductor)
     # compiled blocks recompute in backward the bf16 casts of the fp32 parameters that autocast makes
     # inside them (DDP, fsdp_one_rank=cast) instead of saving them: 2 bytes per parameter less memory,
     # one more cast per step. Measured at 1b bf16 on one H200: 1.81 GiB less for 0.5% fewer tokens/s;
@@ -83,6 +84,10 @@ class ParallelConfig:
             )
         if not 0 < self.activation_memory_budget <= 1:
             raise ConfigError(f"parallel.activation_memory_budget: must be in (0, 1], got {self.activation_memory_budget}")
+        if self.activation_memory_budget_skip_last < 0:
+            raise ConfigError(
+                f"parallel.activation_memory_budget_skip_last: must be >= 0, got {self.activation_memory_budget_skip_last}"
+            )
         if self.fsdp_one_rank not in ("cast", "shard"):
             raise ConfigError(f"parallel.fsdp_one_rank: must be cast or shard, got {self.fsdp_one_rank!r}")
         if self.fsdp_prefetch < 0:
