@@ -300,3 +300,34 @@ def test_sigterm_stops_bench_step_and_keeps_the_finished_points(tmp_path):
     errors = [ln for ln in job.stderr().splitlines() if ln.startswith("error: ")]
     assert errors == [f"error: stopped by SIGTERM after 1 of 2 points; {out / 'step.json'} keeps them"], job.stderr()
     assert len(json.loads((out / "step.json").read_text())["rows"]) == 1
+
+
+def test_sigterm_stops_bench_compression_and_keeps_the_report(tmp_path):
+    """SIGTERM to both ranks of ``train bench compression`` (what Slurm and Kubernetes do): the
+    variant running is cut short and marked so in the report (it was reported as a complete
+    measurement, and the benchmark went on with the next variant); each rank exits 128 + 15
+    with one line."""
+    out = tmp_path / "bench"
+    args = ["bench", "compression", "--preset", "tiny", "--batch", "2", "--seq", "32", "--steps", "1000000",
+            "--variants", "none,fp16", "--out", str(out), "--set", "train.device=cpu"]
+    ranks = _two_workers(args, tmp_path / "logs")
+    metrics = out / "compression_runs" / "none" / "metrics.jsonl"
+    try:
+        _wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, 120 + SLACK_S,
+                  "three steps of the first variant", ranks)
+        for r in ranks:
+            r.p.send_signal(signal.SIGTERM)
+        codes = [r.wait(SLACK_S + 30) for r in ranks]
+    finally:
+        for r in ranks:
+            r.kill()
+    assert codes == [128 + signal.SIGTERM] * 2, ranks[0].text()[-3000:]
+    for rank, r in enumerate(ranks):
+        errors = [ln for ln in r.stderr().splitlines() if "error: " in ln]
+        assert errors == [f"[rank {rank}] error: stopped by SIGTERM after 0 of 2 variants; "
+                          f"{out / 'compression.json'} keeps what was measured"], r.stderr()
+    report = json.loads((out / "compression.json").read_text())
+    assert report["meta"]["partial"] == "0 of 2 variants; stopped by SIGTERM"
+    [row] = report["rows"]
+    assert row["variant"] == "none" and row["error"].startswith("stopped by SIGTERM at step ")
+    assert not (out / "compression_runs" / "fp16").exists()

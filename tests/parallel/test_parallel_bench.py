@@ -87,3 +87,19 @@ def test_plan_grids_are_checked_before_any_point_runs(tmp_path):
         plan.write_text(text)
         with pytest.raises(ConfigError, match=why):
             load_plan(plan, defaults)
+
+
+def test_bench_step_exits_2_when_no_point_can_run_here(tmp_path):
+    """Points that cannot run are rows and the grid goes on (exit 0 while one point ran); when
+    none ran the command failed: one line naming the first point's reason, exit 2 (every point
+    refused as configured), the report kept."""
+    out = tmp_path / "bench"
+    res = train_cli(["bench", "step", "--preset", "tiny", "--fp8", "tensorwise,rowwise", "--steps", "1",
+                     "--warmup", "0", "--seq", "32", "--out", str(out), *SMALL])
+    assert res.returncode == 2, res.stderr[-3000:]
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: no point ran: skipped: fp8.backend=torchao"), res.stderr
+    assert errors[0].endswith("(and 1 more point(s), see the report)")
+    assert "Traceback" not in res.stderr
+    _, rows = _report(out)
+    assert [r["fp8"] for r in rows] == ["tensorwise", "rowwise"]

@@ -107,8 +107,11 @@ def _check_fits(largest: int, p2p: int, world: int, backend: str) -> None:
     from train.preflight import host_memory_bytes
 
     need = max(2 * largest, p2p)
-    if backend == "nccl":
-        have, where = torch.cuda.get_device_properties(0).total_memory, "a GPU's memory"
+    if backend == "nccl":  # this rank's GPU (LOCAL_RANK, as the process group picks it; checked by
+        # check_launcher_env, and against the GPUs visible when the group starts)
+        raw = os.environ.get("LOCAL_RANK") or "0"
+        index = int(raw) if raw.isascii() and raw.isdigit() and int(raw) < torch.cuda.device_count() else 0
+        have, where = torch.cuda.get_device_properties(index).total_memory, f"GPU {index}'s memory"
     else:
         raw = os.environ.get("LOCAL_WORLD_SIZE") or ""
         local = int(raw) if raw.isascii() and raw.isdigit() else world  # checked by check_launcher_env

@@ -30,6 +30,7 @@ import click
 import torch
 
 from launch.safety import excerpt, parse_ascii_int, parse_finite_float
+from train.bench.stopping import Stopped, StopSignals
 from train.console import fail, setup
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,9 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     try:
         with tdist.group_teardown():
             rows = _run_variants(jobs, info, runs_dir, window, loss_window, out_dir, name)
+    except Stopped as stop:
+        kept = f"; {out_dir / (name + '.json')} keeps what was measured" if stop.done or stop.row else ""
+        fail(f"stopped by {stop.name} after {stop.done} of {len(jobs)} variants{kept}", 128 + stop.signum)
     finally:
         lock.release()
     if not info.is_main:
@@ -235,14 +239,30 @@ def _run_variants(jobs, info, runs_dir: Path, window, loss_window: int, out_dir:
     survives a time limit)."""
     from train.bench.report import write_report
 
-    rows = []
-    for label, job in jobs:
-        rows.append(_run_variant(label, job, info, runs_dir, window, loss_window))
-        if info.is_main and len(rows) < len(jobs):
+    from train.config import TrainConfig
+
+    rows: list[dict] = []
+    signals = StopSignals(grace_s=TrainConfig.shutdown_grace_s)
+
+    def partial_report(what: str) -> None:
+        if info.is_main:
             _relative_to_none(rows)
-            partial = {"partial": f"{len(rows)} of {len(jobs)} variants",
-                       "command": " ".join(["train", *sys.argv[1:]])}
-            write_report(out_dir, name, rows, COLUMNS + ["error"] * any("error" in r for r in rows), partial)
+            meta = {"partial": what, "command": " ".join(["train", *sys.argv[1:]])}
+            write_report(out_dir, name, rows, COLUMNS + ["error"] * any("error" in r for r in rows), meta)
+
+    for label, job in jobs:
+        try:
+            signals.check(info)
+            rows.append(_run_variant(label, job, info, runs_dir, window, loss_window, signals))
+        except Stopped as stop:
+            stop.done = len(rows)
+            if stop.row is not None:
+                rows.append(stop.row)
+            if rows:
+                partial_report(f"{stop.done} of {len(jobs)} variants; stopped by {stop.name}")
+            raise
+        if len(rows) < len(jobs):
+            partial_report(f"{len(rows)} of {len(jobs)} variants")
     return rows
 
 
@@ -267,7 +287,7 @@ def _relative_to_none(rows: list[dict]) -> None:
             r["loss_vs_none_pct"] = 100.0 * (r["loss"] / base_row["loss"] - 1)
 
 
-def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int) -> dict:
+def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int, signals: StopSignals) -> dict:
     from train import distributed as tdist
     from train.metrics import read_metrics
     from train.rundir import move_aside
@@ -281,15 +301,20 @@ def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int
         vdir.mkdir(parents=True)
     tdist.barrier(info)
     row: dict = {"variant": label}
-    trainer = None
+    trainer, stopped = None, None
     try:
         log_file = open(vdir / f"train_rank{info.rank}.log", "w") if info.is_main else open(os.devnull, "w")
         with log_file, contextlib.redirect_stdout(log_file):
             trainer = Trainer(job, info, vdir)
+            signals.hand_over(trainer)
             log_file.write(trainer.describe() + "\n")
             log_file.flush()
-            trainer.fit()
-        if info.is_main:
+            summary = trainer.fit()
+        if summary.preempted:  # every rank agreed to stop: this variant's numbers are cut short
+            stopped = Stopped(trainer.preemption.signum or signals.signum)
+            row["error"] = f"stopped by {stopped.name} at step {summary.final_step} of {job.train.steps}"
+            stopped.row = row
+        elif info.is_main:
             metrics = read_metrics(vdir / "metrics.jsonl")
             row.update(summarize(metrics, window, loss_window))
             row["loss_curve"] = [m["loss"] for m in metrics]
@@ -304,4 +329,6 @@ def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int
         if info.device.type == "cuda":
             torch.cuda.empty_cache()
     tdist.barrier(info)
+    if stopped is not None:
+        raise stopped
     return row

@@ -56,6 +56,7 @@ import torch
 
 from train.bench.grid import FP8_CHOICES, GRID_KEYS, STRATEGIES, expand_all, job_overrides, load_plan
 from train.bench.gpu_stats import ForwardMemory, memory_columns, reduce_max
+from train.bench.stopping import Stopped, StopSignals
 from train.config import DATA_SOURCES, MAX_TIMEOUT_S
 from train.console import fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError
@@ -86,35 +87,11 @@ class _StepClock:
         return time.perf_counter() - t0, out
 
 
-class _Stopped(BaseException):
-    """SIGTERM/SIGINT: every rank agreed to stop (the step's agreement all-reduce). Not an
-    ``Exception``: a point's error handling turns errors into rows, this ends the benchmark."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum, self.done = signum, 0
-
-
-def _handover(trainer, signals: dict) -> None:
-    """Signals between points reach the handler installed last: the previous point's Trainer's,
-    or the benchmark's own before the first. A stop that arrived there is passed to this
-    point's Trainer, whose next step's agreement acts on it on every rank."""
-    trainer.preemption.take_over(signals["last"])
-    signals["last"] = trainer.preemption
-
-
-def _stop_requested(signals: dict, info) -> None:
-    """Before building a point: stop if any rank got SIGTERM/SIGINT since the last step."""
-    last = signals["last"]
-    if reduce_max([float(last.requested)], info)[0]:
-        raise _Stopped(last.signum or signal.SIGTERM)
-
-
 def _step(trainer):
     """One training step; a stop the ranks agreed on ends the benchmark, not just the point."""
     out = trainer.train_step()
     if out[2]:
-        raise _Stopped(trainer.preemption.signum or signal.SIGTERM)
+        raise Stopped(trainer.preemption.signum or signal.SIGTERM)
     return out
 
 
@@ -188,14 +165,14 @@ def _agree(row: dict, code: float, info) -> None:
         row["status"] = "OOM on another rank" if worst == 1 else "failed on another rank"
 
 
-def run_point(point: dict, info, signals: dict) -> dict:
+def run_point(point: dict, info, signals: StopSignals) -> dict:
     """Build a Trainer for ``point``, run warm-up + timed steps; one report row."""
     from train.trainer import Trainer
 
     row, job = _row_and_job(point, info)
     if job is None:
         return row
-    _stop_requested(signals, info)
+    signals.check(info)
     cuda = info.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -205,7 +182,7 @@ def run_point(point: dict, info, signals: dict) -> dict:
     trainer, memory, code = None, None, 0.0
     try:
         trainer = Trainer(job, info, workdir)
-        _handover(trainer, signals)
+        signals.hand_over(trainer)
         mesh = trainer.par.mesh
         row["mesh"] = mesh.describe() if hasattr(mesh, "describe") else f"dp={trainer.par.dp_world}"
         clock = _StepClock(info.device)
@@ -321,14 +298,14 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
                 device=info.device.type)
     with tdist.group_teardown():
         try:
-            table = _run_points(points, info, out_dir, name, meta)
+            table, rows = _run_points(points, info, out_dir, name, meta)
             if info.is_main:
                 click.echo(table)
                 click.echo(f"\nreport: {out_dir / (name + '.json')}, .md, .png")
-        except _Stopped as stop:
+            _fail_if_none_ran(rows)
+        except Stopped as stop:
             kept = f"; {out_dir / (name + '.json')} keeps them" if stop.done else ""
-            fail(f"stopped by {signal.Signals(stop.signum).name} after {stop.done} of {len(points)} points{kept}",
-                 128 + stop.signum)
+            fail(f"stopped by {stop.name} after {stop.done} of {len(points)} points{kept}", 128 + stop.signum)
         finally:
             from train.parallel.mesh import forget_meshes
 
@@ -336,21 +313,29 @@ def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, dat
             gc.collect()
 
 
-def _run_points(points: list[dict], info, out_dir: Path, name: str, meta: dict) -> str:
+def _fail_if_none_ran(rows: list[dict]) -> None:
+    """Some points of a grid may not run (OOM, a mesh this world size cannot make): they are
+    rows, the exit status stays 0. When none ran, the command failed: exit 2 when every point
+    was refused as configured (bad input), else 1."""
+    if not rows or any(r.get("status") == "ok" for r in rows):
+        return
+    more = f" (and {len(rows) - 1} more point(s), see the report)" if len(rows) > 1 else ""
+    refused = all(str(r.get("status", "")).startswith("skipped") for r in rows)
+    fail(f"no point ran: {rows[0]['status']}{more}", 2 if refused else 1)
+
+
+def _run_points(points: list[dict], info, out_dir: Path, name: str, meta: dict) -> tuple[str, list[dict]]:
     """Every point in turn; the report (rank 0) is rewritten after each, so a launch cut short
-    keeps what it measured. Returns the Markdown table."""
+    keeps what it measured. Returns the Markdown table and the rows."""
     from train.bench.report import write_report
     from train.config import TrainConfig
-    from train.preemption import Preemption
 
     rows, table = [], ""
-    # the handler installed last: the benchmark's own until the first Trainer installs its own
-    signals = {"last": Preemption(grace_s=TrainConfig.shutdown_grace_s)}
-    signals["last"].install()
+    signals = StopSignals(grace_s=TrainConfig.shutdown_grace_s)
     for i, point in enumerate(points):
         try:
             row = run_point(point, info, signals)
-        except _Stopped as stop:
+        except Stopped as stop:
             stop.done = i
             raise
         rows.append(row)
@@ -360,4 +345,4 @@ def _run_points(points: list[dict], info, out_dir: Path, name: str, meta: dict) 
                 extra = f" {row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, step {row['step_ms']:.1f} ms"
             log.info("[bench step] %d/%d %s: %s%s", i + 1, len(points), _label(row), row["status"], extra)
             table = write_report(out_dir, name, rows, COLUMNS, meta=meta, chart=_chart)
-    return table
+    return table, rows
