@@ -95,9 +95,17 @@ def device_memory(job: JobConfig) -> tuple[str, int]:
 
     if job.train.device == "cpu" or job.parallel.cpu_offload or not torch.cuda.is_available():
         return "this host's memory", host_memory_bytes()
-    raw = os.environ.get("LOCAL_RANK", "")
-    index = (int(raw) if raw.isascii() and raw.isdigit() else 0) % torch.cuda.device_count()
+    index = local_gpu()
     return f"GPU {index}", torch.cuda.get_device_properties(index).total_memory
+
+
+def local_gpu() -> int:
+    """The GPU this rank will use (LOCAL_RANK, checked by :func:`check_launcher_env`; against the
+    visible GPUs when the process group starts)."""
+    import torch
+
+    raw = os.environ.get("LOCAL_RANK", "")
+    return (int(raw) if raw.isascii() and raw.isdigit() else 0) % max(torch.cuda.device_count(), 1)
 
 
 def check_out_dir(out, what: str = "--out") -> Path:

@@ -104,13 +104,11 @@ def _check_fits(largest: int, p2p: int, world: int, backend: str) -> None:
     """The largest message's buffers (a message is the larger side of a collective, as in
     nccl-tests: its input and output at most) and the P2P buffer fit the memory each process
     has: a GPU's, or its share of the host's memory with gloo."""
-    from train.preflight import host_memory_bytes
+    from train.preflight import host_memory_bytes, local_gpu
 
     need = max(2 * largest, p2p)
-    if backend == "nccl":  # this rank's GPU (LOCAL_RANK, as the process group picks it; checked by
-        # check_launcher_env, and against the GPUs visible when the group starts)
-        raw = os.environ.get("LOCAL_RANK") or "0"
-        index = int(raw) if raw.isascii() and raw.isdigit() and int(raw) < torch.cuda.device_count() else 0
+    if backend == "nccl":  # this rank's GPU
+        index = local_gpu()
         have, where = torch.cuda.get_device_properties(index).total_memory, f"GPU {index}'s memory"
     else:
         raw = os.environ.get("LOCAL_WORLD_SIZE") or ""
