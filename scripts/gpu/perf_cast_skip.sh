@@ -372,15 +372,20 @@ part_fsdpauto() {
   ours 0,1 2 1b_auto_again 90 "${c[@]}" --set parallel.reshard_after_forward=auto
 }
 
+vs_titan3() {  # NAME ARGS...: 1b FSDP2 on 2 GPUs, torchtitan then ours (NAME_1..3), three times interleaved
+  local name=$1 i
+  shift
+  for i in 1 2 3; do
+    titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
+    ours 0,1 2 "${name}_$i" 90 "$@"
+  done
+}
+
 part_pw4() {
   note "pw4: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never, ac=pointwise on the first 4 blocks) against torchtitan, three times interleaved; never + pointwise on the first 5 blocks once"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
     --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --ac pointwise)
-  local i
-  for i in 1 2 3; do
-    titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
-    ours 0,1 2 "1b_never_pw4_$i" 90 "${c[@]}" --set parallel.ac_skip_last=12
-  done
+  vs_titan3 1b_never_pw4 "${c[@]}" --set parallel.ac_skip_last=12
   ours 0,1 2 1b_never_pw5 90 "${c[@]}" --set parallel.ac_skip_last=11
 }
 
@@ -388,11 +393,7 @@ part_bsk() {
   note "bsk: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never): activation_memory_budget 0.999 on the first 4 blocks only (activation_memory_budget_skip_last=12) against torchtitan, three times interleaved; the first 5 / 6 blocks once"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
     --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
-  local i
-  for i in 1 2 3; do
-    titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
-    ours 0,1 2 "1b_never_b4_$i" 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=12
-  done
+  vs_titan3 1b_never_b4 "${c[@]}" --set parallel.activation_memory_budget_skip_last=12
   ours 0,1 2 1b_never_b5 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=11
   ours 0,1 2 1b_never_b6 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=10
 }
@@ -401,11 +402,7 @@ part_bsk6() {
   note "bsk6: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never): activation_memory_budget 0.999 on the first 6 blocks (activation_memory_budget_skip_last=10) against torchtitan, three times interleaved; without the budget once"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
     --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never)
-  local i
-  for i in 1 2 3; do
-    titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
-    ours 0,1 2 "1b_never_b6_$i" 90 "${c[@]}" --set parallel.activation_memory_budget=0.999 \
-      --set parallel.activation_memory_budget_skip_last=10
-  done
+  vs_titan3 1b_never_b6 "${c[@]}" --set parallel.activation_memory_budget=0.999 \
+    --set parallel.activation_memory_budget_skip_last=10
   ours 0,1 2 1b_never_nobudget 90 "${c[@]}"
 }
