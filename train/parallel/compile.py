@@ -75,8 +75,9 @@ def apply_compile(model: nn.Module, pcfg) -> int:
 
     blocks = list(model.layers.values())
     budgeted = len(blocks)  # the first blocks, compiled under the budget
-    if pcfg.activation_memory_budget_skip_last and pcfg.compile_backend == "inductor":
-        budgeted = max(0, len(blocks) - pcfg.activation_memory_budget_skip_last)
+    skip = pcfg.activation_memory_budget_skip_last
+    if skip and pcfg.activation_memory_budget < 1 and pcfg.compile_backend == "inductor":
+        budgeted = max(0, len(blocks) - skip)
     functorch_config.activation_memory_budget = pcfg.activation_memory_budget if budgeted == len(blocks) else 1.0
     if pcfg.compile_backend == "inductor":
         _install_cast_pass(pcfg.recompute_param_casts)
