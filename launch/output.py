@@ -24,8 +24,19 @@ def check_not_input(output: str | None, inputs) -> None:
     if output is None or output == "-" or not os.path.exists(output):
         return
     for path in inputs:
-        if os.path.exists(path) and os.path.samefile(output, path):
+        if path and os.path.exists(path) and os.path.samefile(output, path):
             raise SpecError(f"-o {excerpt(output)}: is the input file {excerpt(str(path))}; write elsewhere")
+
+
+def named_files(args) -> list[str]:
+    """The paths the training arguments name (``--config X``, ``--set data.path=X``): each
+    argument, and what follows the ``=`` of KEY=VALUE. Only those that exist here matter."""
+    names = []
+    for arg in args:
+        names.append(arg)
+        if "=" in arg:
+            names.append(arg.split("=", 1)[1])
+    return names
 
 
 def write(text: str, output: str | None, executable: bool) -> None:

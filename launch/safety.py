@@ -20,6 +20,7 @@ same code without an upward import: ``train`` imports it, never the other way ro
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -423,3 +424,12 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, executable: bool = 
         except FileNotFoundError:
             pass
         raise
+
+
+def parse_json(text: str | bytes):
+    """``json.loads``; JSON nested too deeply for the parser is a ``json.JSONDecodeError`` like any
+    malformed JSON (a ``RecursionError`` got past the handlers of the files we read back)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text if isinstance(text, str) else "", 0) from None

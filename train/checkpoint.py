@@ -61,6 +61,7 @@ except ImportError:  # older torch: async_save stages into fresh host memory eac
 
 from launch.safety import (
     atomic_write,  # the one writer: temp + fsync + rename, regular files only
+    parse_json,
 )
 from train import distributed as tdist
 from train.checkpoint_files import (
@@ -408,4 +409,4 @@ class CheckpointManager:
 
     @staticmethod
     def _saved_world(ckpt: Path) -> int:
-        return json.loads((ckpt / "manifest.json").read_text())["world_size"]
+        return parse_json((ckpt / "manifest.json").read_text())["world_size"]

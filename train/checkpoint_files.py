@@ -6,12 +6,13 @@ that check what a run left behind.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
+
+from launch.safety import parse_json
 
 
 def verify(ckpt: Path) -> str | None:
@@ -20,7 +21,7 @@ def verify(ckpt: Path) -> str | None:
     if not manifest_path.is_file():
         return "no manifest.json (incomplete save)"
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = parse_json(manifest_path.read_text())
         files = dict(manifest["files"])
         sizes = {str(k): int(v) for k, v in files.items()}
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):

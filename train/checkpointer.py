@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from train import distributed as tdist
 from train.checkpoint import CheckpointManager
-from train.errors import NonFiniteLossError
+from train.errors import CheckpointError, NonFiniteLossError
 from train.state import ModelOptimizer, Progress, load_per_rank_state, per_rank_state
 from train.trace import phase
 
@@ -124,6 +124,12 @@ class Checkpointer:
             self._info("no complete checkpoint found; starting from step 0")
             return None
         latest, extra = loaded
-        load_per_rank_state(self.per_rank, extra)
+        try:  # a file torch.load accepts (weights_only) but with other contents: one line, not a traceback
+            if not isinstance(extra, dict):
+                raise TypeError(f"a {type(extra).__name__}, not a dict")
+            load_per_rank_state(self.per_rank, extra)
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
+            raise CheckpointError(f"{latest}: its per-rank state (extra_rank*.pt) is not what this program "
+                                  f"writes ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
         self._info(f"resumed from {latest} at step {self.progress.step}")
         return latest

@@ -326,11 +326,16 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, Any], extra: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``extra`` (the --set overrides) over ``base`` (the file). A section of the file (a top-level
+    key) that is not a mapping is an error even where an override names keys in it (it was
+    dropped unread); below that, the override replaces the value and the type check judges it."""
     merged = dict(base)
     for k, v in extra.items():
         if isinstance(v, dict) and isinstance(merged.get(k), dict):
-            merged[k] = _merge(merged[k], v)
+            merged[k] = _merge(merged[k], v, f"{prefix}{k}.")
+        elif isinstance(v, dict) and not prefix and merged.get(k) is not None:  # a section (train:, model:...)
+            raise ConfigError(f"{k}: expected a mapping, got {type(merged[k]).__name__}")
         else:
             merged[k] = v
     return merged

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from launch.errors import InputError
-from launch.safety import atomic_write, excerpt, file_kind, probe_path, read_bounded
+from launch.safety import atomic_write, excerpt, file_kind, parse_json, probe_path, read_bounded
 from train.errors import DataError
 from train.paths import default_cache_dir
 
@@ -50,7 +50,7 @@ def build_embedded_corpus(cache_dir: Path, max_mb: int) -> Path:
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"stdlib-bytes-{max_mb}mb.bin"
-    if path.exists():
+    if cached_corpus(cache_dir, max_mb):
         return path
     limit = max_mb * 1024 * 1024
     chunks, total = [], 0
@@ -69,6 +69,25 @@ def build_embedded_corpus(cache_dir: Path, max_mb: int) -> Path:
     tokens = np.frombuffer(blob, dtype=np.uint8).astype(np.uint16)
     atomic_write(path, tokens.tobytes(), what="embedded corpus cache")
     return path
+
+
+def cached_corpus(cache_dir: Path, max_mb: int) -> bool:
+    """Whether ``cache_dir`` holds the corpus :func:`build_embedded_corpus` writes: a regular file
+    of 1 MiB..``max_mb`` MiB of bytes as uint16 tokens. Anything else by that name (a FIFO would
+    block the memory map, an empty or odd-sized file fails it) is named, not read, and left as it is."""
+    path, limit = cache_dir / f"stdlib-bytes-{max_mb}mb.bin", max_mb * 1024 * 1024
+    try:
+        st = probe_path(path, "data.cache_dir")
+    except InputError as exc:
+        raise DataError(str(exc)) from None
+    if st is None:
+        return False
+    lo, hi = 2 << 20, 2 * limit
+    if stat.S_ISREG(st.st_mode) and lo <= st.st_size <= hi and st.st_size % 2 == 0:
+        return True
+    kind = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
+    raise DataError(f"data.cache_dir: {excerpt(str(path))} is {kind}, not an embedded corpus this program wrote "
+                    f"(a regular file of {lo}..{hi} bytes, an even count): remove it, or set another data.cache_dir")
 
 
 _DTYPE_VOCAB_MAX = {"uint16": 1 << 16, "uint32": 1 << 32}
@@ -112,7 +131,7 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
         if not stat.S_ISREG(st.st_mode):  # a directory was "does not exist", a FIFO blocked the read
             raise DataError(f"data.path: {what} {excerpt(str(file))} is {file_kind(st.st_mode)}, not a file")
     try:
-        meta = json.loads(read_bounded(meta_path, "data.path: metadata", 1 << 16).decode("utf-8"))
+        meta = parse_json(read_bounded(meta_path, "data.path: metadata", 1 << 16).decode("utf-8"))
     except InputError as exc:
         raise DataError(str(exc)) from None
     except (ValueError, RecursionError) as exc:
@@ -166,7 +185,7 @@ def check_tokenizer(path: Path, expected: str) -> None:
     if not expected:
         return
     meta_path = path.with_suffix(".json")
-    tok = json.loads(meta_path.read_text()).get("tokenizer")
+    tok = parse_json(meta_path.read_text()).get("tokenizer")
     if not isinstance(tok, dict):
         raise DataError(f"data.tokenizer={expected}: {meta_path} records no tokenizer (prepare the file with "
                         "`train data prepare`)")

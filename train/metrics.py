@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from launch.safety import check_output_target
+from launch.safety import check_output_target, parse_json
 
 log = logging.getLogger(__name__)
 TAIL_BYTES = 1 << 20  # a row is a few hundred bytes
@@ -172,7 +172,7 @@ def open_rows(path: Path, keep_up_to_step: int | None = None) -> int:
                 lines, kept = data[:keep].splitlines(keepends=True), 0
                 for line in lines:
                     try:
-                        step = json.loads(line).get("step")
+                        step = parse_json(line).get("step")
                     except (ValueError, AttributeError):
                         step = None
                     if isinstance(step, int) and step > keep_up_to_step:
@@ -205,4 +205,4 @@ def append_row(fd: int, row: dict) -> None:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [parse_json(line) for line in path.read_text().splitlines() if line.strip()]

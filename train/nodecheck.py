@@ -257,8 +257,13 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
             fail(str(exc), 2)
 
     from train import distributed as tdist
+    from train import preflight
     from train.doctor.probes import smi_gpus
 
+    try:  # RANK, WORLD_SIZE, MASTER_ADDR... as train run checks them: a user error, not a broken node
+        preflight.check_launcher_env()
+    except InputError as exc:
+        fail(str(exc), 2)
     t0 = time.perf_counter()
     import torch
 

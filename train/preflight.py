@@ -28,8 +28,10 @@ MAX_ACCUM = 65536
 
 def world_size_from_env() -> int:
     raw = os.environ.get("WORLD_SIZE", "1") or "1"
-    if not re.fullmatch(r"[0-9]{1,7}", raw):
+    if not re.fullmatch(r"[0-9]+", raw):
         raise ConfigError(f"WORLD_SIZE={excerpt(raw)} is not an integer")
+    if len(raw) > 7:
+        raise ConfigError(f"WORLD_SIZE={excerpt(raw)}: more than 9999999 processes")
     if int(raw) < 1:
         raise ConfigError(f"WORLD_SIZE={raw}: must be at least 1")
     return int(raw)
@@ -228,6 +230,13 @@ def check_data(job: JobConfig) -> None:
         check_dir("data.cache_dir", job.data.cache_dir)
     elif job.data.source == "embedded" or (job.parallel.compile and not os.environ.get("TORCHINDUCTOR_CACHE_DIR")):
         _check_default_cache_dir()
+    if job.parallel.compile and os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        _check_env_dir("TORCHINDUCTOR_CACHE_DIR")
+    if job.data.source == "embedded":
+        from train.data import cached_corpus
+        from train.paths import default_cache_dir
+
+        cached_corpus(Path(job.data.cache_dir) if job.data.cache_dir else default_cache_dir(), job.data.embedded_mb)
     if job.data.source != "file":
         return
     from train.data import open_token_file
@@ -236,6 +245,17 @@ def check_data(job: JobConfig) -> None:
     _, vocab = open_token_file(Path(job.data.path))
     if vocab > job.model.vocab_size:
         raise DataError(f"model.vocab_size: {job.model.vocab_size} is smaller than the data's vocabulary ({vocab})")
+
+
+def _check_env_dir(name: str) -> None:
+    """A directory an environment variable names for us to write (Inductor's cache): not a system
+    directory, not inside a run, a directory if it exists."""
+    text = os.environ[name]
+    what = f"environment {name}"
+    if reserved_local_path(text):
+        raise ConfigError(f"{what} {excerpt(text)} is a system directory")
+    check_not_in_run(f"{what} {excerpt(text)}", text, ConfigError)
+    check_dir(what, text)
 
 
 def _check_default_cache_dir() -> None:

@@ -32,7 +32,7 @@ import yaml
 
 from launch.errors import InputError
 from launch.runlayout import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
-from launch.safety import atomic_write, excerpt, load_yaml_file
+from launch.safety import atomic_write, excerpt, load_yaml_file, parse_json
 from train.config import JobConfig
 from train.errors import ConfigError, RunDirBusy
 
@@ -90,7 +90,7 @@ class RunLock:
     def _holder(self) -> dict:
         try:
             raw = os.pread(self.fd, 4096, 0) if self.fd is not None else self.path.read_bytes()[:4096]
-            data = json.loads(raw.decode("utf-8", "replace") or "{}")
+            data = parse_json(raw.decode("utf-8", "replace") or "{}")
             return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
             return {}

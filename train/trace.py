@@ -21,12 +21,13 @@ the top ops/kernels by self time and the communication the step waited for:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 from pathlib import Path
 
 import torch
+
+from launch.safety import parse_json
 
 log = logging.getLogger("train.trace")
 
@@ -157,7 +158,7 @@ def _covered(interval: tuple[float, float], union: list[tuple[float, float]]) ->
 
 def exposed_communication(trace_path: Path) -> dict:
     """Communication time in a Chrome trace written by torch.profiler (times in ms)."""
-    events = json.loads(trace_path.read_text()).get("traceEvents", [])
+    events = parse_json(trace_path.read_text()).get("traceEvents", [])
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
     kernels = [e for e in spans if e.get("cat") == "kernel"]
     if kernels:

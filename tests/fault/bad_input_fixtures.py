@@ -61,9 +61,11 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "long_rdma_fabric.yaml").write_text(infiniband.replace("name: rdma/ib", "name: rdma/" + "a" * 70))
     (tmp / "int_key.yaml").write_text("train:\n  1: 2\n")
     (tmp / "octal.yaml").write_text("train:\n  steps: 010\n")
+    (tmp / "section_list.yaml").write_text("train: [steps, 2]\n")
     (tmp / "points.yaml").write_text("- {}\n" * 1001)  # 1001 one-point grids
     return {"etc_link": str(tmp / "etc_link"), **{name: str(tmp / f"{name}.yaml") for name in profiles},
             "int_key_yaml": str(tmp / "int_key.yaml"), "long_rdma_fabric": str(tmp / "long_rdma_fabric.yaml"), "octal_yaml": str(tmp / "octal.yaml"),
+            "section_list_yaml": str(tmp / "section_list.yaml"),
             "points_yaml": str(tmp / "points.yaml"),
             "tmp": str(tmp), "dir": str(tmp / "adir"), "badtok_dir": str(tmp / "badtok"), "afile": str(tmp / "afile"),
             "bad_yaml": str(tmp / "bad.yaml"), "list_yaml": str(tmp / "list.yaml"), "evil_yaml": str(tmp / "evil.yaml"),
@@ -88,7 +90,12 @@ def _token_files(tmp: Path) -> dict[str, str]:
     (np.arange(5000) % 256).astype(np.uint16).tofile(tmp / "tokmeta.bin")
     (tmp / "tokmeta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 256, "num_tokens": 5000,
                                                   "tokenizer": {"name": "gpt2", "sha256": "ab" * 32}}))
-    paths = {"tokmeta_bin": str(tmp / "tokmeta.bin"), "truncated_bin": str(tmp / "truncated.bin"), "short_bin": str(tmp / "short.bin"),
+    for name in ("corpus_fifo", "corpus_odd"):  # data.cache_dir holding a bad embedded corpus cache
+        (tmp / name).mkdir()
+    os.mkfifo(tmp / "corpus_fifo" / "stdlib-bytes-8mb.bin")  # data.embedded_mb's default
+    (tmp / "corpus_odd" / "stdlib-bytes-8mb.bin").write_bytes(b"abc")
+    paths = {"corpus_fifo": str(tmp / "corpus_fifo"), "corpus_odd": str(tmp / "corpus_odd"),
+             "tokmeta_bin": str(tmp / "tokmeta.bin"), "truncated_bin": str(tmp / "truncated.bin"), "short_bin": str(tmp / "short.bin"),
              "nometa_bin": str(tmp / "nometa.bin"), "bigvocab_bin": str(tmp / "bigvocab.bin")}
     for i, (_, _, (dtype, values), meta) in enumerate(DATA_FILES):
         np.asarray(values, dtype=dtype).tofile(tmp / f"data{i}.bin")

@@ -282,3 +282,24 @@ def test_disk_full_during_save_is_one_clear_error_and_keeps_previous(tmp_path, c
         assert state and all(torch.isfinite(t).all() for t in state.values())
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_resume_from_per_rank_state_of_another_shape_is_one_line(tmp_path):
+    """An extra_rank0.pt that torch.load(weights_only=True) reads (a list) and the manifest
+    matches: resume stops with one line naming the checkpoint (it was a TypeError traceback)."""
+    import io
+
+    out = tmp_path / "run"
+    assert train_cli(["run", "--out", str(out), "--steps", "2", *SMALL]).returncode == 0
+    ckpt = out / "checkpoints" / "step_00000002"
+    buf = io.BytesIO()
+    torch.save([1, 2, 3], buf)
+    (ckpt / "extra_rank0.pt").write_bytes(buf.getvalue())
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["extra_rank0.pt"] = len(buf.getvalue())
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    res = train_cli(["run", "--out", str(out), "--steps", "4", "--resume", *SMALL])
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert len(lines) == 1 and "step_00000002: its per-rank state (extra_rank*.pt) is not what this program writes" \
+        in lines[0], res.stderr[-3000:]

@@ -197,3 +197,22 @@ def test_empty_input_name_is_refused(corpus, tmp_path):
     res = train_cli(["data", "prepare", "", "--tokenizer", str(d / "tok"), "--out", str(tmp_path / "e.bin")])
     assert "input '': empty name" in _one_error(res)
     assert not (tmp_path / "e.bin").exists() and not (tmp_path / "e.json").exists()
+
+
+def test_hostile_rows_are_one_line_errors_or_read_as_text(corpus, tmp_path):
+    """JSON nested past the parser's recursion limit and a non-string Parquet column were
+    tracebacks; a lone surrogate (valid JSON, not UTF-8) is replaced, as in text files."""
+    d, _, _ = corpus
+    tok = ["--tokenizer", str(d / "tok")]
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"text": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    assert "line 1" in _one_error(train_cli(["data", "prepare", str(deep), *tok, "--out", str(tmp_path / "d.bin")]))
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints.parquet")
+    assert "column 'text' holds int64, not strings" in _one_error(
+        train_cli(["data", "prepare", str(tmp_path / "ints.parquet"), *tok, "--out", str(tmp_path / "i.bin")]))
+    surrogate = tmp_path / "s.jsonl"
+    surrogate.write_text('{"text": "a\\ud800b"}\n')
+    res = train_cli(["data", "prepare", str(surrogate), *tok, "--out", str(tmp_path / "s.bin")])
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]

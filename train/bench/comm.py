@@ -30,6 +30,7 @@ import click
 import torch
 import torch.distributed as dist
 
+from launch.safety import parse_json
 from train.bench.comm_args import DTYPES, check_args, human
 from train.comm.bandwidth import OPS, algbw, busbw
 
@@ -305,7 +306,7 @@ def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
     adv = advice.recommend(last["busbw_GBps"], world, **kw)
     click.echo(f"\n{adv.line()}  [all_reduce {last['size']} {last['dtype']}]")
     click.echo(advice.table_markdown(world, **kw))
-    data = json.loads(json_path.read_text())
+    data = parse_json(json_path.read_text())
     data["recommendation"] = {"hook": adv.hook, "overrides": adv.overrides, "rho": adv.rho,
                               "busbw_GBps": adv.busbw_GBps, "size": last["size"], "reason": adv.reason,
                               **adv.inputs}

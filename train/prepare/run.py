@@ -18,7 +18,7 @@ import numpy as np
 
 from launch.errors import InputError
 from launch.runlayout import check_not_in_run
-from launch.safety import atomic_write, check_output_target, excerpt, reserved_local_path
+from launch.safety import atomic_write, check_output_target, excerpt, parse_json, reserved_local_path
 from train.errors import ConfigError, PrepareError
 from train.prepare.tokenizer import load_tokenizer
 from train.prepare.units import Unit, check_inputs, plan_units
@@ -53,7 +53,7 @@ def _part(parts: Path, i: int) -> Path:
 def _finished(parts: Path, i: int, unit: Unit, itemsize: int) -> tuple[int, int] | None:
     meta = _part(parts, i).with_suffix(".json")
     try:
-        info = json.loads(meta.read_text())
+        info = parse_json(meta.read_text())
         if info["key"] != unit.key() or _part(parts, i).stat().st_size != info["num_tokens"] * itemsize:
             return None
         return int(info["num_tokens"]), int(info["documents"])
@@ -171,7 +171,7 @@ def _already_prepared(out: Path, sha256: str, sources: list[str], itemsize: int)
     if not (out.exists() or meta_path.exists()):
         return None
     try:
-        old = json.loads(meta_path.read_text())
+        old = parse_json(meta_path.read_text())
         same = old.get("tokenizer", {}).get("sha256") == sha256 and old.get("sources") == sources
     except (OSError, ValueError, AttributeError):
         same = False
@@ -194,7 +194,7 @@ def _claim_parts(parts: Path, plan: dict) -> None:
                            "remove it or choose another --out")
     if plan_file.is_file():
         try:
-            old_plan = json.loads(plan_file.read_text())
+            old_plan = parse_json(plan_file.read_text())
         except ValueError:
             old_plan = None
         if old_plan != plan:

@@ -5,13 +5,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.safety import excerpt, file_kind, probe_path
+from launch.safety import excerpt, file_kind, parse_json, probe_path
 from train.errors import PrepareError
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -31,7 +30,7 @@ def _eos_from_config(directory: Path) -> str | None:
         f = directory / name
         if f.is_file():
             try:
-                eos = json.loads(f.read_text()).get("eos_token")
+                eos = parse_json(f.read_text()).get("eos_token")
             except (ValueError, AttributeError):
                 continue
             if isinstance(eos, dict):

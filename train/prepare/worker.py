@@ -61,12 +61,14 @@ def _jsonl_batches(blob: bytes, unit: Unit, field: str):
             continue
         try:
             doc = json.loads(line)[field]
-        except (ValueError, TypeError, KeyError, IndexError):
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError):
             raise PrepareError(f"input {unit.path}: line {lineno} after byte {unit.start} is not a JSON object "
                                f"with a string {field!r} field (--text-field)") from None
         if not isinstance(doc, str):
             raise PrepareError(f"input {unit.path}: line {lineno} after byte {unit.start}: field {field!r} "
                                f"is {type(doc).__name__}, not a string")
+        if not doc.isascii():  # a lone surrogate (\ud800) is valid JSON, not UTF-8: replaced, as in text files
+            doc = doc.encode("utf-8", "replace").decode("utf-8")
         batch.append(doc)
         chars += len(doc)
         if chars >= BATCH_CHARS:
@@ -77,7 +79,17 @@ def _jsonl_batches(blob: bytes, unit: Unit, field: str):
 
 
 def _column(unit: Unit, field: str):
-    """The ``field`` column of a Parquet row group or of an Arrow file's row range."""
+    """The ``field`` column of a Parquet row group or of an Arrow file's row range: strings."""
+    import pyarrow as pa
+
+    column = _raw_column(unit, field)
+    string_view = getattr(pa.types, "is_string_view", lambda t: False)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or string_view(column.type)):
+        raise PrepareError(f"input {unit.path}: column {field!r} holds {column.type}, not strings (--text-field)")
+    return column
+
+
+def _raw_column(unit: Unit, field: str):
     if unit.kind == "parquet":
         import pyarrow.parquet as pq
 
