@@ -40,13 +40,12 @@ def parse_window(spec: str) -> tuple[int, int] | None:
     """``"A:B"`` -> (A, B); ``""`` -> None. ValueError with the reason otherwise."""
     if not spec:
         return None
-    parts = spec.split(":")
+    parts = [part.strip() for part in spec.split(":")]
     if len(parts) != 2:
         raise ValueError(f"expected A:B (first and last step, e.g. 10:12), got {spec!r}")
-    try:
-        a, b = int(parts[0]), int(parts[1])
-    except ValueError:
-        raise ValueError(f"expected integers A:B, got {spec!r}") from None
+    if not all(part.isascii() and part.isdigit() and len(part) <= 18 for part in parts):  # int() took '١' and '1_0'
+        raise ValueError(f"expected integers A:B (ASCII digits), got {spec!r}")
+    a, b = int(parts[0]), int(parts[1])
     if not 1 <= a <= b:
         raise ValueError(f"needs 1 <= A <= B, got {spec!r}")
     return a, b

@@ -21,6 +21,8 @@ ENV_CASES = [
       ["run", *TINY, "--set", "data.cache_dir={corpus_fifo}"], 2, "stdlib-bytes-8mb.bin' is a FIFO, not an embedded corpus"),
     T("cache-corpus-odd", "data.cache_dir whose embedded corpus file has 3 bytes (a numpy traceback)",
       ["run", *TINY, "--set", "data.cache_dir={corpus_odd}"], 2, "stdlib-bytes-8mb.bin' is 3 bytes, not an embedded corpus"),
+    T("trace-steps-unicode", "metrics.trace_steps in Arabic-Indic digits (int() read them as 1:2)",
+      ["run", "--set", "metrics.trace_steps=\u0661:\u0662"], 2, "expected integers A:B (ASCII digits)"),
     T("yaml-section-list-with-set", "--config whose train: is a list, with --steps (the file's train: was dropped unread)",
       ["run", "--config", "{section_list_yaml}", "--steps", "3"], 2, "train: expected a mapping, got list"),
 ]
