@@ -271,7 +271,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     hint = ""
     if tp is str and isinstance(value, bool):
         hint = " (quote it: YAML reads an unquoted yes/no/on/off/true/false as a boolean)"
-    elif tp is str:
+    elif tp is str and isinstance(value, (int, float)):  # null, a date, a list: no hint fits
         hint = " (quote it: YAML reads an unquoted A:B such as 10:12 as a base-60 number)"
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {excerpt(value)}{hint}")
 
