@@ -49,10 +49,9 @@ def build_embedded_corpus(cache_dir: Path, max_mb: int) -> Path:
     interrupted builds never see a partial file.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / f"stdlib-bytes-{max_mb}mb.bin"
+    path, limit = _corpus_file(cache_dir, max_mb)
     if cached_corpus(cache_dir, max_mb):
         return path
-    limit = max_mb * 1024 * 1024
     chunks, total = [], 0
     for src in _stdlib_sources():
         try:
@@ -71,11 +70,16 @@ def build_embedded_corpus(cache_dir: Path, max_mb: int) -> Path:
     return path
 
 
+def _corpus_file(cache_dir: Path, max_mb: int) -> tuple[Path, int]:
+    """The embedded corpus's file in ``cache_dir`` and its cap in bytes of source text."""
+    return cache_dir / f"stdlib-bytes-{max_mb}mb.bin", max_mb * 1024 * 1024
+
+
 def cached_corpus(cache_dir: Path, max_mb: int) -> bool:
     """Whether ``cache_dir`` holds the corpus :func:`build_embedded_corpus` writes: a regular file
     of 1 MiB..``max_mb`` MiB of bytes as uint16 tokens. Anything else by that name (a FIFO would
     block the memory map, an empty or odd-sized file fails it) is named, not read, and left as it is."""
-    path, limit = cache_dir / f"stdlib-bytes-{max_mb}mb.bin", max_mb * 1024 * 1024
+    path, limit = _corpus_file(cache_dir, max_mb)
     try:
         st = probe_path(path, "data.cache_dir")
     except InputError as exc:
@@ -134,7 +138,7 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
         meta = parse_json(read_bounded(meta_path, "data.path: metadata", 1 << 16).decode("utf-8"))
     except InputError as exc:
         raise DataError(str(exc)) from None
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:  # malformed JSON (parse_json: nested too deeply too), not UTF-8
         raise DataError(f"data.path: metadata {meta_path} is not JSON ({exc.__class__.__name__})") from None
     if not isinstance(meta, dict):
         raise DataError(f"data.path: metadata {meta_path} must be a JSON object")

@@ -230,8 +230,9 @@ def check_data(job: JobConfig) -> None:
         check_dir("data.cache_dir", job.data.cache_dir)
     elif job.data.source == "embedded" or (job.parallel.compile and not os.environ.get("TORCHINDUCTOR_CACHE_DIR")):
         _check_default_cache_dir()
-    if job.parallel.compile and os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        _check_env_dir("TORCHINDUCTOR_CACHE_DIR")
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR") if job.parallel.compile else ():  # kernels go there
+        if os.environ.get(name):
+            _check_cache_dir(f"environment {name}", os.environ[name])
     if job.data.source == "embedded":
         from train.data import cached_corpus
         from train.paths import default_cache_dir
@@ -247,13 +248,11 @@ def check_data(job: JobConfig) -> None:
         raise DataError(f"model.vocab_size: {job.model.vocab_size} is smaller than the data's vocabulary ({vocab})")
 
 
-def _check_env_dir(name: str) -> None:
-    """A directory an environment variable names for us to write (Inductor's cache): not a system
-    directory, not inside a run, a directory if it exists."""
-    text = os.environ[name]
-    what = f"environment {name}"
+def _check_cache_dir(what: str, text: str, fix: str = "") -> None:
+    """A cache directory we write into (the corpus, Inductor's kernels) that the environment or a
+    default chose: not a system directory, not inside a run, a directory if it exists."""
     if reserved_local_path(text):
-        raise ConfigError(f"{what} {excerpt(text)} is a system directory")
+        raise ConfigError(f"{what} {excerpt(text)} is a system directory{fix}")
     check_not_in_run(f"{what} {excerpt(text)}", text, ConfigError)
     check_dir(what, text)
 
@@ -263,12 +262,8 @@ def _check_default_cache_dir() -> None:
     the embedded corpus, Inductor's kernels) meets ``data.cache_dir``'s rules before it is created."""
     from train.paths import default_cache_dir, default_cache_origin
 
-    text = str(default_cache_dir())
-    what = f"data.cache_dir (default, from environment {default_cache_origin()})"
-    if reserved_local_path(text):
-        raise ConfigError(f"{what} {excerpt(text)} is a system directory; set data.cache_dir")
-    check_not_in_run(f"{what} {excerpt(text)}", text, ConfigError)
-    check_dir(what, text)
+    _check_cache_dir(f"data.cache_dir (default, from environment {default_cache_origin()})",
+                     str(default_cache_dir()), "; set data.cache_dir")
 
 
 def check_runs_here(job: JobConfig, out_dir: Path) -> None:

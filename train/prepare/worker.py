@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from launch.safety import parse_json
 from train.errors import PrepareError
 from train.prepare.units import Unit
 
@@ -60,8 +61,8 @@ def _jsonl_batches(blob: bytes, unit: Unit, field: str):
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)[field]
-        except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+            doc = parse_json(line)[field]
+        except (ValueError, TypeError, KeyError, IndexError):
             raise PrepareError(f"input {unit.path}: line {lineno} after byte {unit.start} is not a JSON object "
                                f"with a string {field!r} field (--text-field)") from None
         if not isinstance(doc, str):
