@@ -116,6 +116,7 @@ def _prepare(options: dict):
     output.check_target(options.get("output"))
     built = builder.build(options)
     output.check_not_input(options.get("output"), (built.spec.profile.path, built.spec.fabric.path,
+                                                   *(m.source for m in built.spec.mounts),
                                                    *output.named_files(built.spec.train_args)))
     plan = envplan.build_env(built.spec)
     for message in built.warnings + list(plan.warnings):

@@ -75,6 +75,8 @@ LAUNCH_CASES = [
       ["torchrun", "-o", "{evil_yaml}", "--", "--config", "{evil_yaml}"], 2, "is the input file"),
     L("output-is-train-data", "-o naming the token file of --set data.path=FILE after --",
       ["slurm", "-o", "{tokmeta_bin}", "--", "--set", "data.path={tokmeta_bin}"], 2, "is the input file"),
+    L("output-is-mount-source", "-o naming a file --mount binds into the container",
+      ["docker", "--mount", "{evil_yaml}:/job.yaml", "-o", "{evil_yaml}"], 2, "is the input file"),
     L("output-empty", "-o ''", ["k8s", "-o", ""], 2, "empty file name"),
     L("output-system-dir", "-o a file in /etc (as root the rename replaced /etc/passwd)",
       ["torchrun", "-o", "/etc/hopper-train-bad-input.sh"], 2, "'/etc' is a system directory"),
