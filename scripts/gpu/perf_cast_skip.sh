@@ -292,24 +292,52 @@ part_symm8bdef() {
   ours 0,1 2 8b_fp8_auto 110 "${c[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false
 }
 
-part_five() {
-  note "five: the issue's five points in one call, ours with each point's best settings so far (1b one GPU: recompute_param_casts + chunked 8192; 1b FSDP2: chunked 8192, never, budget 0.999, fsdp_symm_mem=all; 8b: chunked 2048, ac_skip_last 8 (bf16) / 11 (FP8, bf16 all-gather), default fsdp_symm_mem); then 8b FP8 with the float8 all-gather; torchtitan"
+five_runs() {  # SKIP_BF16 SKIP_FP8 FSDP2_ARGS...: the five points, both sides, in one call; ours with
+  # 1b one GPU: recompute_param_casts + chunked 8192; 1b FSDP2: FSDP2_ARGS; 8b: chunked 2048, ac_skip_last
+  # SKIP_BF16 (bf16) / SKIP_FP8 (FP8 tensorwise, bf16 all-gather), default fsdp_symm_mem
+  local sb=$1 sf=$2
+  shift 2
   local one=(--strategy fsdp "${P1B[@]}" "${OURS[@]}" --set parallel.recompute_param_casts=true
     --set train.loss=chunked --set train.loss_chunk_tokens=8192)
-  local c8=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048)
+  C8=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048)
   # one GPU each side at the same time, as in PART=recast
   (titan 0 1 1b_bf16 150 "${P1B[@]}" --fp8 none; titan 0 1 1b_fp8 150 "${P1B[@]}" --fp8 tensorwise) &
   (ours 1 1 1b_bf16 120 "${one[@]}" --fp8 none; ours 1 1 1b_fp8 120 "${one[@]}" --fp8 tensorwise) &
   wait
   titan 0,1 2 1b_fsdp2 100 "${P1B[@]}" --fp8 none
-  ours 0,1 2 1b_fsdp2 100 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked \
-    --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never \
-    --set parallel.activation_memory_budget=0.999 --set parallel.fsdp_symm_mem=all
+  ours 0,1 2 1b_fsdp2 100 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" "$@"
   titan 0,1 2 8b_bf16 120 "${P8B[@]}" --fp8 none
-  ours 0,1 2 8b_bf16 110 "${c8[@]}" --fp8 none --set parallel.ac_skip_last=8
+  ours 0,1 2 8b_bf16 110 "${C8[@]}" --fp8 none --set parallel.ac_skip_last="$sb"
   titan 0,1 2 8b_fp8 110 "${P8B[@]}" --fp8 tensorwise
-  ours 0,1 2 8b_fp8 110 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=false
-  ours 0,1 2 8b_fp8_f8ag 110 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=true
+  ours 0,1 2 8b_fp8 110 "${C8[@]}" --fp8 tensorwise --set parallel.ac_skip_last="$sf" --set fp8.fsdp_float8_all_gather=false
+}
+
+part_five() {
+  note "five: the issue's five points in one call, ours with each point's best settings so far (1b one GPU: recompute_param_casts + chunked 8192; 1b FSDP2: chunked 8192, never, budget 0.999, fsdp_symm_mem=all; 8b: chunked 2048, ac_skip_last 8 (bf16) / 11 (FP8, bf16 all-gather), default fsdp_symm_mem); then 8b FP8 with the float8 all-gather; torchtitan"
+  five_runs 8 11 --set train.loss=chunked --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never \
+    --set parallel.activation_memory_budget=0.999 --set parallel.fsdp_symm_mem=all
+  ours 0,1 2 8b_fp8_f8ag 110 "${C8[@]}" --fp8 tensorwise --set parallel.ac_skip_last=11 --set fp8.fsdp_float8_all_gather=true
+}
+
+part_five2() {
+  note "five2: PART=five with the 1b FSDP2 setting of the seventh pass (budget 0.999 on the first 6 blocks) and ac_skip_last SKIP_BF16=${SKIP_BF16:-8} / SKIP_FP8=${SKIP_FP8:-11} at 8b; no float8 all-gather run"
+  five_runs "${SKIP_BF16:-8}" "${SKIP_FP8:-11}" --set train.loss=chunked --set train.loss_chunk_tokens=8192 \
+    --set parallel.reshard_after_forward=never --set parallel.fsdp_symm_mem=all \
+    --set parallel.activation_memory_budget=0.999 --set parallel.activation_memory_budget_skip_last=10
+}
+
+part_h1008b() {
+  note "h1008b: 8b on 80 GB cards (H100), chunked loss 2048: AC on every block or all but the last 2 / 4 (bf16), 3 / 6 (FP8 tensorwise, bf16 all-gather); reserved_gib and alloc_retries in the rows; torchtitan"
+  local c8=(--strategy fsdp "${P8B[@]}" "${OURS[@]}" --set train.loss=chunked --set train.loss_chunk_tokens=2048) k
+  titan 0,1 2 8b_bf16 120 "${P8B[@]}" --fp8 none
+  for k in 0 2 4; do
+    ours 0,1 2 "8b_bf16_skip$k" 100 "${c8[@]}" --fp8 none --set parallel.ac_skip_last="$k"
+  done
+  titan 0,1 2 8b_fp8 110 "${P8B[@]}" --fp8 tensorwise
+  for k in 0 3 6; do
+    ours 0,1 2 "8b_fp8_skip$k" 100 "${c8[@]}" --fp8 tensorwise --set parallel.ac_skip_last="$k" \
+      --set fp8.fsdp_float8_all_gather=false
+  done
 }
 
 part_skip80() {
