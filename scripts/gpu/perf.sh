@@ -81,6 +81,7 @@
 #   PART=bsk bash scripts/gpu/perf.sh      2xH200, ~7 min: 1b FSDP2 never + activation budget 0.999 on the first 4 blocks
 #                                           (activation_memory_budget_skip_last=12) against torchtitan, 3x interleaved; 5 / 6 blocks once.
 #                                           PART=bsk6: the first 6 blocks (skip_last=10), 3x interleaved; no budget once.
+#                                           PART=bsk6x2: the same 2x interleaved (2xH200, ~3 min), no run without budget.
 #   PART=five bash scripts/gpu/perf.sh     2 GPUs, ~9 min: the five points in one call, both sides (perf_cast_skip.sh).
 #                                           PART=five2: with the 1b FSDP2 budget on the first 6 blocks; SKIP_BF16 / SKIP_FP8
 #                                           set the 8b ac_skip_last (default 8 / 11). PART=skip80, PART=h1008b: 8b

@@ -400,10 +400,10 @@ part_fsdpauto() {
   ours 0,1 2 1b_auto_again 90 "${c[@]}" --set parallel.reshard_after_forward=auto
 }
 
-vs_titan3() {  # NAME ARGS...: 1b FSDP2 on 2 GPUs, torchtitan then ours (NAME_1..3), three times interleaved
-  local name=$1 i
-  shift
-  for i in 1 2 3; do
+vs_titan() {  # N NAME ARGS...: 1b FSDP2 on 2 GPUs, torchtitan then ours (NAME_1..N), N times interleaved
+  local n=$1 name=$2 i
+  shift 2
+  for ((i = 1; i <= n; i++)); do
     titan 0,1 2 "1b_fsdp2_$i" 100 "${P1B[@]}" --fp8 none
     ours 0,1 2 "${name}_$i" 90 "$@"
   done
@@ -413,7 +413,7 @@ part_pw4() {
   note "pw4: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never, ac=pointwise on the first 4 blocks) against torchtitan, three times interleaved; never + pointwise on the first 5 blocks once"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
     --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --ac pointwise)
-  vs_titan3 1b_never_pw4 "${c[@]}" --set parallel.ac_skip_last=12
+  vs_titan 3 1b_never_pw4 "${c[@]}" --set parallel.ac_skip_last=12
   ours 0,1 2 1b_never_pw5 90 "${c[@]}" --set parallel.ac_skip_last=11
 }
 
@@ -421,7 +421,7 @@ part_bsk() {
   note "bsk: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never): activation_memory_budget 0.999 on the first 4 blocks only (activation_memory_budget_skip_last=12) against torchtitan, three times interleaved; the first 5 / 6 blocks once"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
     --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never --set parallel.activation_memory_budget=0.999)
-  vs_titan3 1b_never_b4 "${c[@]}" --set parallel.activation_memory_budget_skip_last=12
+  vs_titan 3 1b_never_b4 "${c[@]}" --set parallel.activation_memory_budget_skip_last=12
   ours 0,1 2 1b_never_b5 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=11
   ours 0,1 2 1b_never_b6 90 "${c[@]}" --set parallel.activation_memory_budget_skip_last=10
 }
@@ -430,7 +430,14 @@ part_bsk6() {
   note "bsk6: 1b FSDP2 on 2 GPUs (fsdp_symm_mem=all, chunk 8192, reshard never): activation_memory_budget 0.999 on the first 6 blocks (activation_memory_budget_skip_last=10) against torchtitan, three times interleaved; without the budget once"
   local c=(--strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked --set parallel.fsdp_symm_mem=all
     --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never)
-  vs_titan3 1b_never_b6 "${c[@]}" --set parallel.activation_memory_budget=0.999 \
+  vs_titan 3 1b_never_b6 "${c[@]}" --set parallel.activation_memory_budget=0.999 \
     --set parallel.activation_memory_budget_skip_last=10
   ours 0,1 2 1b_never_nobudget 90 "${c[@]}"
+}
+
+part_bsk6x2() {
+  note "bsk6x2: PART=bsk6 twice instead of three times, without the run without the budget"
+  vs_titan 2 1b_never_b6 --strategy fsdp --fp8 none "${P1B[@]}" "${OURS[@]}" --set train.loss=chunked \
+    --set parallel.fsdp_symm_mem=all --set train.loss_chunk_tokens=8192 --set parallel.reshard_after_forward=never \
+    --set parallel.activation_memory_budget=0.999 --set parallel.activation_memory_budget_skip_last=10
 }
