@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from launch import catalog, defaults
 from launch.commandline import PREFLIGHT_PORT_OFFSET
+from launch.entrypoint import parse_entrypoint
 from launch.safety import canonical_path
 from launch.spec import (
     JobSpec,
@@ -15,11 +16,10 @@ from launch.spec import (
     Rendezvous,
     Resources,
     SpecError,
+    check_checkpoint_dir,
     check_exec_string,
-    check_path,
     parse_debug,
     parse_endpoint,
-    parse_entrypoint,
     parse_env_pairs,
     parse_image,
     parse_mount,
@@ -81,7 +81,7 @@ def build(o: dict) -> Built:
         train_args=tuple(o["train_args"]),
         env=parse_env_pairs(o["env"], allow_nccl),
         mounts=tuple(parse_mount(m) for m in o["mount"]),
-        checkpoint_dir=check_path("--checkpoint-dir", o["checkpoint_dir"]),
+        checkpoint_dir=check_checkpoint_dir(o["checkpoint_dir"]),
         resources=Resources(
             cpus=parse_quantity("--cpus", o["cpus"]),
             memory=parse_quantity("--memory", o["memory"]),

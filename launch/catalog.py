@@ -8,6 +8,7 @@ accept a path to a ``.yaml`` file.
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from dataclasses import dataclass
@@ -165,11 +166,27 @@ def _validate(data: dict, schema: dict, path: Path) -> None:
         if missing:
             raise SpecError(f"{path}: missing required keys: {', '.join(missing)}") from None
         return
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(data), key=str)
+    errors = sorted(itertools.islice(_strict_validator(jsonschema)(schema).iter_errors(data), MAX_ERRORS), key=str)
     if errors:
         err = errors[0]
         where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
         raise SpecError(f"{path}: {where}: {err.message}".replace("\n", " "))
+    for key in ("fp8", "fp4"):  # the schema bounds these lists (no uniqueItems: see launch.schema)
+        items = data.get(key, [])
+        if isinstance(items, list) and len(set(items)) != len(items):
+            raise SpecError(f"{path}: {key}: an item is listed twice")
+
+
+MAX_ERRORS = 50  # schema errors looked at (the first by text is reported)
+
+
+def _strict_validator(jsonschema):
+    """Draft 2020-12 with ``integer`` meaning a YAML integer: the draft counts 8.0 as an integer,
+    and ``gpus_per_node: 8.0`` would render ``--nproc-per-node 8.0``, ``--cpus-per-task=112.0``."""
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine("integer", lambda _, value: isinstance(value, int)
+                                         and not isinstance(value, bool))
+    return jsonschema.validators.extend(base, type_checker=checker)
 
 
 def _env_entries(raw: dict) -> tuple[EnvEntry, ...]:

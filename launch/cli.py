@@ -39,7 +39,7 @@ def _command_line() -> str:
 
 
 def _warn(message: str) -> None:
-    click.echo(f"{PROG}: warning: {message}", err=True)
+    click.echo(f"{PROG}: warning: {one_line(message)}", err=True)
 
 
 # --------------------------------------------------------------------------- shared options
@@ -107,21 +107,32 @@ def job_options(func):
     return func
 
 
-def _prepare(options: dict):
+def _prepare(options: dict, backend: str | None = None, venv: str | None = None):
     """What every backend renders (``backends.base.Job``: spec, environment, command line),
-    warnings printed; errors surface as SpecError."""
-    from launch import builder, envplan, output
+    warnings printed; errors surface as SpecError. ``backend``: refuse the names its runtime owns
+    (Kubernetes checks them once the API is known); ``venv``: -o never goes inside it."""
+    from launch import builder, catalog, envplan, output
     from launch.backends.base import Job
 
     output.check_target(options.get("output"))
     built = builder.build(options)
-    output.check_not_input(options.get("output"), (built.spec.profile.path, built.spec.fabric.path,
-                                                   *(m.source for m in built.spec.mounts),
-                                                   *output.named_files(built.spec.train_args)))
+    output.check_not_input(options.get("output"), [*output.job_inputs(built.spec), venv])
+    output.check_not_inside(options.get("output"), [("the launch package", catalog.PACKAGE_DIR), ("--venv", venv)])
     plan = envplan.build_env(built.spec)
+    job = Job(built.spec, plan, _command_line())
+    if backend:
+        _check_owned(backend, job)
     for message in built.warnings + list(plan.warnings):
         _warn(message)
-    return Job(built.spec, plan, _command_line())
+    return job
+
+
+def _check_owned(backend: str, job, secret_env=()) -> None:
+    from launch.envnames import check_not_owned
+
+    given = {name for name, _ in job.spec.env}
+    named = [("--env" if v.name in given else "environment variable", v.name) for v in job.plan.variables]
+    check_not_owned(backend, named + [("--env-secret", s.name) for s in secret_env])
 
 
 def _emit(text: str, options: dict, executable: bool) -> None:
@@ -164,7 +175,7 @@ def torchrun_cmd(**options):
     from launch.backends import torchrun
 
     opts = torchrun.TorchrunOptions.parse(options.pop("venv"))
-    _emit(torchrun.render_job(_prepare(options), opts), options, executable=True)
+    _emit(torchrun.render_job(_prepare(options, "torchrun", opts.venv), opts), options, executable=True)
 
 
 @cli.command("docker")
@@ -182,7 +193,7 @@ def docker_cmd(**options):
     from launch.commandline import out_warnings
 
     options, extra = _job_keys(options, ("cpu",))
-    job = _prepare(options)
+    job = _prepare(options, "docker")
     for message in out_warnings(job.spec, "docker"):
         _warn(message)
     _emit(docker.render_job(job, docker.DockerOptions(cpu=extra["cpu"])), options, executable=True)
@@ -209,7 +220,7 @@ def slurm_cmd(**options):
     options, extra = _job_keys(options, SLURM_KEYS)
     opts = slurm.SlurmOptions.parse(**extra)
     options["image_syntax"] = "enroot" if opts.pyxis else "oci"
-    job = _prepare(options)
+    job = _prepare(options, "slurm", opts.venv)
     for message in out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else []:
         _warn(message)
     _emit(slurm.render_job(job, opts), options, executable=True)
@@ -284,7 +295,9 @@ def k8s_cmd(**options):
     from launch.backends import k8s_options, pytorchjob, trainjob
 
     options, job, opts = _k8s_prepare(options)
-    if k8s_options.resolve_api(job.spec, opts) == "pytorchjob":
+    api = k8s_options.resolve_api(job.spec, opts)
+    _check_owned(api, job, opts.secret_env)
+    if api == "pytorchjob":
         if opts.runtime:
             raise SpecError("--runtime names a Trainer v2 runtime; it does not apply to --api pytorchjob")
         text = pytorchjob.render_job(job, opts)
@@ -301,6 +314,7 @@ def k8s_runtime_cmd(**options):
     from launch.backends import runtime
 
     options, job, opts = _k8s_prepare(options)
+    _check_owned("k8s-runtime", job, opts.secret_env)
     if job.spec.nodes.elastic:
         raise SpecError(
             f"--nnodes {job.spec.nodes.torchrun_value}: Kubeflow Trainer v2 has no elastic mode; "
@@ -315,7 +329,7 @@ def env_cmd(**options):
     """The environment alone, as commented `export NAME=VALUE` lines."""
     from launch.backends import env
 
-    _emit(env.render_job(_prepare(options)), options, executable=False)
+    _emit(env.render_job(_prepare(options, "env")), options, executable=False)
 
 
 @cli.command("run")
@@ -323,12 +337,10 @@ def env_cmd(**options):
 @click.option("--dry-run", is_flag=True, help="Print the script that would run; execute nothing.")
 def run_cmd(**options):
     """Render the single-node torchrun script and execute it here."""
-    import os
-
     from launch.backends import torchrun
 
     dry_run = options.pop("dry_run")
-    job = _prepare(options)
+    job = _prepare(options, "torchrun")
     if job.spec.nodes.multi_node:
         raise SpecError("`launch run` starts single-node jobs; use `launch torchrun` and run it on every node")
     script = torchrun.render_job(job)
@@ -338,7 +350,28 @@ def run_cmd(**options):
             click.echo(f"{PROG}: dry run: nothing executed", err=True)
         return
     sys.stdout.flush()
-    os.execvp("bash", ["bash", "-c", script, "launch-run"])
+    _exec_bash(script)
+
+
+# bash reads the script from an open, nameless file (fd $1) and evaluates it: one `bash -c SCRIPT`
+# argument is limited to 128 KiB (MAX_ARG_STRLEN), which long training arguments reach; stdin
+# stays the terminal's, and nothing is left on disk.
+_RUN_READER = 'launch_fd=$1; shift; launch_script=$(cat <&"$launch_fd") || exit 2; exec {launch_fd}<&-; eval "$launch_script"'
+
+
+def _exec_bash(script: str) -> None:
+    import os
+    import tempfile
+
+    handle = tempfile.TemporaryFile()  # unlinked at once: only the descriptor refers to it
+    handle.write(script.encode("utf-8", "surrogateescape"))
+    handle.flush()
+    handle.seek(0)
+    os.set_inheritable(handle.fileno(), True)
+    try:
+        os.execvp("bash", ["bash", "-c", _RUN_READER, "launch-run", str(handle.fileno())])
+    except OSError as exc:
+        raise InputError(f"cannot run bash: {exc.strerror or exc}") from None
 
 
 @cli.command("profiles")

@@ -6,28 +6,10 @@ Tokens are plain ``str`` (user data: always quoted when rendered) or ``launch.re
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
-
+from launch.entrypoint import program_args
 from launch.spec import JobSpec
 
-PYTHONS = ("python", "python3")
 TRAIN_PROGRAMS = (("-m", "train", "run"), ("--no-python", "train", "run"))
-
-
-def program_args(entrypoint: tuple[str, ...]) -> list[str]:
-    """How torchrun starts the training program.
-
-    ``python -m pkg ...`` -> ``-m pkg ...`` and ``python script.py ...`` -> ``script.py ...``
-    (torchrun runs them with its own interpreter); anything else runs as a plain
-    executable through ``--no-python``.
-    """
-    head, rest = entrypoint[0], list(entrypoint[1:])
-    if PurePosixPath(head).name in PYTHONS and rest:
-        if rest[0] == "-m" and len(rest) >= 2:
-            return ["-m", *rest[1:]]
-        if rest[0].endswith(".py"):
-            return rest
-    return ["--no-python", *entrypoint]
 
 
 def launcher_args(spec: JobSpec, endpoint: str, rdzv_id: str) -> list[str]:

@@ -8,6 +8,7 @@ a name that blog posts use but NCCL does not read (``NOT_NCCL``).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -80,6 +81,64 @@ def check_not_reserved(where: str, name: str) -> None:
     if shell_owned(name):
         raise SpecError(f"{where} {name}: a variable bash itself sets or reads; the launcher scripts export "
                         "the job's environment and would break (or stop) on it")
+
+
+# Variables the runtime of each backend owns: set for every worker, read as options or used by
+# the rendered launcher itself. A job value there would be overwritten, or worse, obeyed (e.g.
+# SLURM_JOB_NUM_NODES becomes srun --nodes, SLURM_JOB_ID the scancel target, TMPDIR moves the
+# Slurm script's stop marker, PET_NNODES torchrun's --nnodes). One list per owner, one table per
+# backend (the CLI subcommand, or the Kubernetes API).
+@dataclass(frozen=True)
+class Owned:
+    owner: str
+    names: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    def owns(self, name: str) -> bool:
+        return name in self.names or name.startswith(self.prefixes)
+
+
+TORCHRUN_OWNED = Owned(
+    "torchrun (it sets them for each worker, or reads PET_* as its options)",
+    frozenset(("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+               "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")),
+    ("TORCHELASTIC_", "PET_"),
+)
+SLURM_OWNED = Owned(
+    "Slurm (sbatch and srun set or read them; the script uses them for srun, the rendezvous id, "
+    "scontrol/scancel and its stop marker in TMPDIR)",
+    frozenset(("TMPDIR",)),
+    ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_"),
+)
+PYTORCHJOB_OWNED = Owned(
+    "the training operator (PyTorchJob: pkg/controller.v1/pytorch/envvar.go)",
+    frozenset(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PYTHONUNBUFFERED")),
+    ("PET_",),
+)
+TRAINER_OWNED = Owned(
+    "Kubeflow Trainer's Torch plugin and the Job controller (TrainJob: constants.TorchRunReservedEnvNames)",
+    frozenset(("JOB_COMPLETION_INDEX",)),
+    ("PET_",),
+)
+BACKEND_OWNED: dict[str, tuple[Owned, ...]] = {
+    "torchrun": (TORCHRUN_OWNED,),  # `launch torchrun` and `launch run`
+    "env": (TORCHRUN_OWNED,),  # exports for a torchrun started by hand
+    "docker": (TORCHRUN_OWNED,),
+    "slurm": (SLURM_OWNED, TORCHRUN_OWNED),
+    "pytorchjob": (PYTORCHJOB_OWNED, TORCHRUN_OWNED),
+    "trainjob": (TRAINER_OWNED, TORCHRUN_OWNED),
+    "k8s-runtime": (TRAINER_OWNED, TORCHRUN_OWNED),
+}
+
+
+def check_not_owned(backend: str, named) -> None:
+    """``named``: (where, name) pairs, e.g. ("--env", "SLURM_JOB_ID"); none may be a name the
+    backend's runtime owns (``BACKEND_OWNED``)."""
+    for where, name in named:
+        for owned in BACKEND_OWNED[backend]:
+            if owned.owns(name):
+                raise SpecError(f"{where} {name}: reserved, set by {owned.owner}; a job value would be "
+                                "overwritten or change how the job is started; choose another name")
 
 
 def check_unique_env(names) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.envnames import NOT_NCCL, check_not_reserved
+from launch.envnames import check_env_name
 from launch.errors import SpecError
 from launch.spec import JobSpec, check_exec_string, reject_nul
 
@@ -154,7 +154,7 @@ def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
         raise SpecError(f"{owner} needs {name} for this site: {hint} ({why})")
 
     variables = tuple(e for e in entries.values() if isinstance(e, EnvVar))
-    check_safe(variables)
+    check_safe(variables, spec.allow_undocumented_nccl)
     return EnvPlan(variables, tuple(warnings))
 
 
@@ -163,7 +163,7 @@ def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
 MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
+def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar], allow_undocumented_nccl: bool = False) -> None:
     for var in variables:
         if var.name == NVLS_VARIABLE and var.value.strip() != "0":
             raise SpecError(
@@ -175,8 +175,7 @@ def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
                 f"{var.name}={var.value!r} refused: NVLink multicast stays off "
                 f"(only {var.name}={MULTICAST_OFF[var.name]} is allowed)"
             )
-        if var.name in NOT_NCCL:
-            raise SpecError(f"{var.name} is not an NCCL variable: {NOT_NCCL[var.name]}")
-        check_not_reserved("environment variable", var.name)  # profile and fabric files too
+        # profile and fabric files too: a valid, documented, unreserved name ("NAME\n" is none)
+        check_env_name("environment variable", var.name, allow_undocumented_nccl)
         reject_nul(f"environment variable {var.name}", var.value)  # no process can receive it
         check_exec_string(f"environment variable {var.name} (as NAME=VALUE)", f"{var.name}={var.value}")

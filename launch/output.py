@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from launch.errors import SpecError
 from launch.runlayout import check_not_in_run
-from launch.safety import atomic_write, check_output_target, excerpt
+from launch.safety import atomic_write, check_output_target, excerpt, resolved, within
 
 
 def check_target(output: str | None) -> None:
@@ -28,15 +29,35 @@ def check_not_input(output: str | None, inputs) -> None:
             raise SpecError(f"-o {excerpt(output)}: is the input file {excerpt(str(path))}; write elsewhere")
 
 
+def check_not_inside(output: str | None, directories) -> None:
+    """``-o`` is not inside any of ``directories`` ((what, path) pairs: the launch package, whose
+    built-in profiles and templates a script would replace, and ``--venv``), symbolic links followed."""
+    if output is None or output == "-":
+        return
+    target = resolved(output)
+    for what, directory in directories:
+        if directory and within(target, (resolved(directory),)):
+            raise SpecError(f"-o {excerpt(output)}: inside {what} {excerpt(str(directory))}; write elsewhere")
+
+
 def named_files(args) -> list[str]:
-    """The paths the training arguments name (``--config X``, ``--set data.path=X``): each
-    argument, and what follows the ``=`` of KEY=VALUE. Only those that exist here matter."""
+    """The paths a list of words may name (``--config X``, ``--set data.path=X``, ``A:B`` path
+    lists): each word, what follows the ``=`` of KEY=VALUE and each part of a ':' or ','
+    separated list. Only those that exist here matter."""
     names = []
     for arg in args:
-        names.append(arg)
-        if "=" in arg:
-            names.append(arg.split("=", 1)[1])
+        value = arg.split("=", 1)[1] if "=" in arg else arg
+        names += [arg, value, *re.split(r"[:,]", value)]
     return names
+
+
+def job_inputs(spec) -> list[str]:
+    """Every file the job names that ``-o`` must never replace: profile, fabric, mount sources, an
+    enroot image file, and the paths in the entrypoint, the training arguments and --env values."""
+    words = [*spec.entrypoint, *spec.train_args, *(value for _, value in spec.env)]
+    image = [spec.image] if spec.image.startswith("/") else []
+    return [str(spec.profile.path), str(spec.fabric.path), *(m.source for m in spec.mounts), *image,
+            *named_files(words)]
 
 
 def write(text: str, output: str | None, executable: bool) -> None:

@@ -1,12 +1,19 @@
-"""JSON Schemas for hardware profile and fabric files (``launch/profiles``, ``launch/fabrics``).
+r"""JSON Schemas for hardware profile and fabric files (``launch/profiles``, ``launch/fabrics``).
 
 Every environment setting is ``{value, why}``: the reason is data, rendered as a
 comment next to the variable in every script and manifest.
+
+Patterns end in ``\Z``, never ``$``: jsonschema matches them with ``re.search``, where ``$`` also
+matches before a final newline (``"NAME\n"`` would pass ``^[A-Z_]+$``). Lists and maps are
+bounded and carry no ``uniqueItems`` (jsonschema compares maps pairwise: quadratic in a hostile
+file); ``catalog`` checks the enum lists for repeats in one pass after validation.
 """
 
 from launch.defaults import MAX_BUSBW_GBPS, MAX_CPUS_PER_NODE, MAX_NPROC_PER_NODE
 
-ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
+ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*\Z"
+MAX_ENV_ENTRIES = 512  # variables in one env map
+MAX_LIST_ITEMS = 64  # notes, devices
 
 ENV_ENTRY = {
     "type": "object",
@@ -17,17 +24,18 @@ ENV_ENTRY = {
         # user through the CLI option named in ``option`` (rendering fails otherwise).
         "value": {"type": ["string", "null"]},
         "why": {"type": "string", "minLength": 10},
-        "option": {"type": "string", "pattern": r"^--[a-z0-9-]+$"},
+        "option": {"type": "string", "pattern": r"^--[a-z0-9-]+\Z"},
     },
 }
 
 ENV_MAP = {
     "type": "object",
+    "maxProperties": MAX_ENV_ENTRIES,
     "propertyNames": {"pattern": ENV_NAME_PATTERN},
     "additionalProperties": ENV_ENTRY,
 }
 
-NOTES = {"type": "array", "items": {"type": "string", "minLength": 1}}
+NOTES = {"type": "array", "maxItems": MAX_LIST_ITEMS, "items": {"type": "string", "minLength": 1}}
 
 PROFILE_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -52,7 +60,7 @@ PROFILE_SCHEMA = {
             "required": ["model", "arch", "gpus_per_node"],
             "properties": {
                 "model": {"type": "string"},
-                "arch": {"type": "string", "pattern": r"^(sm_[0-9]+a?|any)$"},
+                "arch": {"type": "string", "pattern": r"^(sm_[0-9]+a?|any)\Z"},
                 "gpus_per_node": {"type": "integer", "minimum": 1, "maximum": MAX_NPROC_PER_NODE},
                 "memory_gb": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
             },
@@ -72,12 +80,12 @@ PROFILE_SCHEMA = {
         },
         "fp8": {
             "type": "array",
-            "uniqueItems": True,
+            "maxItems": 3,  # each once (catalog checks)
             "items": {"enum": ["e4m3", "e5m2", "mxfp8"]},
         },
         "fp4": {
             "type": "array",
-            "uniqueItems": True,
+            "maxItems": 2,  # each once (catalog checks)
             "items": {"enum": ["nvfp4", "mxfp4"]},
         },
         "image_target": {"enum": ["hopper", "blackwell"]},
@@ -99,6 +107,7 @@ PROFILE_SCHEMA = {
             "properties": {
                 "node_selector": {
                     "type": "object",
+                    "maxProperties": MAX_LIST_ITEMS,
                     "additionalProperties": {"type": "string"},
                 },
             },
@@ -134,8 +143,9 @@ FABRIC_SCHEMA = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "devices": {"type": "array", "items": {"type": "string", "pattern": "^/dev/"}},
-                "cap_add": {"type": "array", "items": {"enum": ["IPC_LOCK"]}},
+                "devices": {"type": "array", "maxItems": MAX_LIST_ITEMS,
+                            "items": {"type": "string", "pattern": r"^(/dev)(/[A-Za-z0-9_:-][A-Za-z0-9_.:-]*)+\Z"}},
+                "cap_add": {"type": "array", "maxItems": 1, "items": {"enum": ["IPC_LOCK"]}},
             },
         },
         "k8s": {
@@ -147,7 +157,7 @@ FABRIC_SCHEMA = {
                     "additionalProperties": False,
                     "required": ["name", "count", "why"],
                     "properties": {
-                        "name": {"type": "string", "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$"},
+                        "name": {"type": "string", "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9._-]+\Z"},
                         # null: the count is site-specific; --rdma-resource NAME=COUNT is required
                         "count": {"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 16},
                         "why": {"type": "string", "minLength": 10},

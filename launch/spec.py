@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import shlex
 from dataclasses import dataclass, field
 from decimal import ROUND_DOWN, Decimal, localcontext
 from typing import TYPE_CHECKING
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
-from launch.safety import NAME_MAX, control_chars, excerpt, longest_name, reserved_path
+from launch.safety import NAME_MAX, canonical_path, control_chars, excerpt, longest_name, reserved_path, within
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile
@@ -194,21 +193,6 @@ def parse_env_pairs(values: tuple[str, ...] | list[str], allow_undocumented_nccl
     return tuple(pairs)
 
 
-def parse_entrypoint(value: str) -> tuple[str, ...]:
-    reject_nul("--entrypoint", value)
-    try:
-        tokens = tuple(shlex.split(value))
-    except ValueError as exc:
-        raise SpecError(f"--entrypoint {value!r}: {exc}") from None
-    for token in tokens:
-        check_exec_string("--entrypoint word", token)
-    if not tokens or not tokens[0].strip():  # '' or "' '": no program to run
-        raise SpecError("--entrypoint is empty" if not tokens else f"--entrypoint {value!r}: the program name is empty")
-    if tokens[0].startswith("-"):  # would be read as a torchrun option
-        raise SpecError(f"--entrypoint {value!r}: must start with a program, not an option")
-    return tokens
-
-
 def parse_endpoint(value: str | None, default_port: int) -> tuple[str | None, int]:
     """``HOST[:PORT]`` (IPv6 in brackets) -> (host, port)."""
     if value is None:
@@ -284,6 +268,30 @@ def reject_long_names(option: str, path: str) -> str:
     return path
 
 
+# Never a mount or checkpoint directory (besides reserved_path): the system's data under /var
+# (the docker script would chown it) and a home's credentials; a subdirectory of /var/tmp is fine.
+SYSTEM_DATA_TREES = ("/var/empty", "/var/lib", "/var/log", "/var/spool", "/var/run", "/var/cache", "/var/mail",
+                     "/var/lock", "/var/backups", "/var/db")
+SYSTEM_DATA_PATHS = ("/var/tmp",)
+CREDENTIAL_DIRS = (".ssh", ".gnupg")
+
+
+def home_dot_dir(path: str, names: tuple[str, ...] | None = None) -> bool:
+    """``path`` is (in) a dot-directory of /root or /home/USER (only ``names`` among them when given)."""
+    parts = canonical_path(path).split("/")
+    top = parts[2] if parts[1:2] == ["root"] and len(parts) > 2 else (
+        parts[3] if parts[1:2] == ["home"] and len(parts) > 3 else "")
+    return top.startswith(".") and (names is None or top in names)
+
+
+def reserved_job_path(path: str) -> bool:
+    """A mount or checkpoint path ``launch`` refuses: :func:`reserved_path`, the system's data under
+    /var and a home's credentials (``~/.ssh``)."""
+    norm = canonical_path(path)
+    return (reserved_path(norm) or norm in SYSTEM_DATA_PATHS or within(norm, SYSTEM_DATA_TREES)
+            or home_dot_dir(norm, CREDENTIAL_DIRS))
+
+
 def check_path(option: str, path: str) -> str:
     reject_control_chars(option, path)
     reject_long_names(option, path)
@@ -295,11 +303,21 @@ def check_path(option: str, path: str) -> str:
         raise SpecError(f"{option} {excerpt(path)}: '.' and '..' components are not allowed")
     if len(path) > 4096:
         raise SpecError(f"{option}: path longer than 4096 characters")
-    if reserved_path(path):
+    if reserved_job_path(path):
         raise SpecError(
             f"{option} {excerpt(path)}: a system directory (or /dev/shm, /proc...) cannot be mounted or used "
             "for checkpoints; use a directory of its own, e.g. /checkpoints or /data"
         )
+    return path
+
+
+def check_checkpoint_dir(path: str) -> str:
+    """--checkpoint-dir: a mount path (:func:`check_path`), never a dot-directory of a home (~/.ssh,
+    ~/.config...): the docker script creates it and may hand it to the image's user."""
+    check_path("--checkpoint-dir", path)
+    if home_dot_dir(path):
+        raise SpecError(f"--checkpoint-dir {excerpt(path)}: a dot-directory of a home (settings, credentials); "
+                        "use a directory of its own, e.g. /checkpoints or /data")
     return path
 
 

@@ -255,3 +255,21 @@ def topk_dense(acc, k: int):
     out = torch.zeros_like(acc)
     out[idx] = acc[idx]
     return out
+
+
+QUIET_RUN = SMALL_RUN + ["--set", "metrics.progress=false"]
+
+
+def finished_run(out: Path, steps: int = 2) -> Path:
+    """A real ``train run`` of QUIET_RUN for ``steps`` steps into ``out`` (its checkpoint at the last step)."""
+    res = train_cli(["run", "--out", str(out), "--steps", str(steps), *QUIET_RUN])
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def tree_hashes(root: Path, skip: tuple = ()) -> dict:
+    """Every file under ``root`` but those named in ``skip``: its content hash (what "nothing touched" compares)."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in skip}

@@ -15,13 +15,14 @@ that fails on any rank (disk full, quota, I/O error) fails on every rank with on
 error naming the rank and the cause; the partial directory is removed and the previous
 checkpoint stays the latest. After a successful save, the newest ``keep`` complete
 checkpoints stay; older ones, ``.tmp-*`` left by crashed saves and step directories
-that fail verification are removed.
+that fail verification and are older than the newest complete checkpoint are removed.
 
 Loading: rank 0 lists the step directories, verifies each against its manifest (every
 file present with its recorded size) and skips bad ones with a warning naming them;
 every rank then tries them newest first and falls back to the previous one, together,
-when one cannot be loaded. If none loads, that is an error: the job never silently
-starts from scratch next to checkpoints it could not read.
+when one cannot be loaded. If none loads, or every step directory fails verification,
+that is an error: the job never silently starts from scratch next to checkpoints it could
+not read (and so never lets retention delete them).
 
 Per-rank state is read with ``torch.load(weights_only=True)``: it holds tensors and
 plain Python containers only (the numpy RNG state is stored as a tensor), so loading a
@@ -40,7 +41,6 @@ import io
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import warnings
@@ -61,12 +61,15 @@ except ImportError:  # older torch: async_save stages into fresh host memory eac
 
 from launch.safety import (
     atomic_write,  # the one writer: temp + fsync + rename, regular files only
+    check_output_target,
     parse_json,
 )
 from train import distributed as tdist
 from train.checkpoint_files import (
+    STEP_RE,
     describe_failure,
     fsync_dir,
+    read_pointer,
     timed_out,
     unreadable_metadata,
     verify,
@@ -81,7 +84,6 @@ _ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled|unavailable)", category=UserWarning)
 log = logging.getLogger(__name__)
 
-STEP_RE = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 
 
@@ -129,6 +131,8 @@ class CheckpointManager:
         self.last_stall_s = 0.0  # how long the last save() blocked the caller
         self.last_write_s = 0.0  # async: staging to commit of the last background write
         self._pending: _Pending | None = None
+        self.rejected: list[tuple[str, str]] = []  # step dirs that failed verification (candidates)
+        self.extra_path: Path | None = None  # the per-rank file the last load read
         self._stager = None
         self._async_group = None
         if async_save and info.backend is not None:
@@ -142,15 +146,18 @@ class CheckpointManager:
             return []
         return sorted((p for p in self.root.iterdir() if STEP_RE.match(p.name) and p.is_dir()), reverse=True)
 
-    def complete_checkpoints(self, warn: bool = True) -> list[Path]:
+    def complete_checkpoints(self, warn: bool = True, rejected: list | None = None) -> list[Path]:
         """Complete checkpoints on this rank's view of the disk, newest first;
-        incomplete ones are skipped (with a warning naming them when ``warn``)."""
+        incomplete ones are skipped (with a warning naming them when ``warn``), and listed
+        as ``(name, reason)`` in ``rejected`` when given."""
         out = []
         for p in self._step_dirs():
             reason = verify(p)
             if reason:
                 if warn:
                     _warn(f"skipping {p}: {reason}")
+                if rejected is not None:
+                    rejected.append((p.name, reason))
                 continue
             out.append(p)
         return out
@@ -163,26 +170,39 @@ class CheckpointManager:
     def candidates(self) -> list[Path]:
         """Complete checkpoints, newest first, as rank 0 sees them (one decision for all
         ranks). A stale or dangling ``latest`` pointer is reported, never followed: the
-        rename of a verified directory is the commit point."""
-        names = None
+        rename of a verified directory is the commit point. The step directories that
+        failed verification are in :attr:`rejected` afterwards (on every rank)."""
+        decision = None
         if self.rank == 0:
-            found = self.complete_checkpoints(warn=True)
-            pointer = self.root / "latest"
-            if pointer.is_file():
-                named = pointer.read_text(errors="replace").strip()
-                if not found or named != found[0].name:
-                    if not (self.root / named).exists():
-                        why = "which does not exist"
-                    elif named in {p.name for p in found}:
-                        why = "which is older than the newest complete checkpoint (its save finished after the pointer)"
-                    else:
-                        why = "which is not a complete checkpoint"
-                    newest = found[0].name if found else "none"
-                    _warn(f"'latest' names {named!r}, {why}; using the newest complete one ({newest})")
-            names = [p.name for p in found]
+            rejected: list[tuple[str, str]] = []
+            found = self.complete_checkpoints(warn=True, rejected=rejected)
+            self._check_pointer(found)
+            decision = ([p.name for p in found], rejected)
         with tdist.collective("broadcast (checkpoint choice from rank 0)"):
-            names = tdist.broadcast_object(self.info, names)
+            names, self.rejected = tdist.broadcast_object(self.info, decision)
         return [self.root / n for n in names]
+
+    def _check_pointer(self, found: list[Path]) -> None:
+        named, problem = read_pointer(self.root)
+        newest = found[0].name if found else "none"
+        if problem:
+            _warn(f"{self.root / 'latest'} {problem}; using the newest complete checkpoint ({newest})")
+        if named is None or (found and named == found[0].name):
+            return
+        if not os.path.lexists(self.root / named):
+            why = "which does not exist"
+        elif named in {p.name for p in found}:
+            why = "which is older than the newest complete checkpoint (its save finished after the pointer)"
+        else:
+            why = "which is not a complete checkpoint"
+        _warn(f"'latest' names {named!r}, {why}; using the newest complete one ({newest})")
+
+    def unusable(self) -> str:
+        """The step directories that failed verification at the last :meth:`candidates`, for
+        an error message (empty when none did)."""
+        shown = "; ".join(f"{name}: {why}" for name, why in self.rejected[:3])
+        more = f"; and {len(self.rejected) - 3} more" if len(self.rejected) > 3 else ""
+        return shown + more
 
     def latest(self) -> Path | None:
         found = self.candidates()
@@ -209,6 +229,7 @@ class CheckpointManager:
         def prepare() -> None:
             if self.rank == 0:
                 self.root.mkdir(parents=True, exist_ok=True)
+                check_output_target(self.root / "latest", "checkpoint")  # refused now, not after the commit
                 if tmp.exists():
                     shutil.rmtree(tmp)
                 tmp.mkdir()
@@ -353,15 +374,20 @@ class CheckpointManager:
 
     def _retain(self) -> None:
         """Keep the newest ``keep`` complete checkpoints; remove older ones, leftovers of
-        crashed saves (``.tmp-*``) and step directories that fail verification."""
+        crashed saves (``.tmp-*``) and step directories that fail verification - but only
+        those older than the newest complete checkpoint: a directory that fails verification
+        with no newer complete one is never deleted (it may be all that is left of a run)."""
         for p in self.root.iterdir():
             if p.name.startswith(TMP_PREFIX) and p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
         if not self.keep:
             return
-        kept = set(self.complete_checkpoints(warn=False)[: self.keep])
+        complete = self.complete_checkpoints(warn=False)
+        if not complete:
+            return
+        kept, newest = set(complete[: self.keep]), complete[0].name
         for p in self._step_dirs():
-            if p not in kept:
+            if p not in kept and p.name < newest:
                 shutil.rmtree(p, ignore_errors=True)
 
     # ------------------------------------------------------------------ loading
@@ -380,11 +406,13 @@ class CheckpointManager:
         path = own if own.is_file() else ckpt / "extra_rank0.pt"
         if path != own:
             _warn(f"{ckpt} was saved by {self._saved_world(ckpt)} ranks; rank {self.rank} takes rank 0's step/scheduler state")
+        self.extra_path = path  # named in errors about its contents
         return torch.load(path, map_location="cpu", weights_only=True)
 
     def load_latest(self, model, optimizer) -> tuple[Path, dict[str, Any]] | None:
         """Load the newest checkpoint that loads on every rank, falling back to older
-        ones with a warning naming each one skipped. None when there is none at all."""
+        ones with a warning naming each one skipped. None when there is no step directory
+        at all; :class:`CheckpointError` when there are some but none loads."""
         found = self.candidates()
         first = None
         for i, ckpt in enumerate(found):
@@ -405,6 +433,11 @@ class CheckpointManager:
         if found:
             raise CheckpointError(f"none of the {len(found)} complete checkpoint(s) in {self.root} could be loaded "
                                   f"(newest: {first})")
+        if self.rejected:  # never a silent fresh start next to checkpoints that exist but fail verification
+            raise CheckpointError(f"{self.root}: no complete checkpoint to resume from; {len(self.rejected)} step "
+                                  f"director{'y fails' if len(self.rejected) == 1 else 'ies fail'} verification "
+                                  f"({self.unusable()}); nothing was changed: repair them, or move them away "
+                                  "to start from scratch")
         return None
 
     @staticmethod

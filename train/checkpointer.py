@@ -118,18 +118,37 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ loading
     def resume(self) -> Path | None:
-        """Load the newest checkpoint that loads on every rank into the state objects."""
+        """Load the newest checkpoint that loads on every rank into the state objects.
+        The per-rank state is checked (types, ranges, the step of its directory) on every
+        rank and agreed on: a bad file on any rank is one error on all of them, never a
+        hang of the others in the next collective."""
         loaded = self.manager.load_latest(self.shards.model, self.shards.optimizer)
         if loaded is None:
-            self._info("no complete checkpoint found; starting from step 0")
+            self._info("no checkpoint found; starting from step 0")
             return None
         latest, extra = loaded
-        try:  # a file torch.load accepts (weights_only) but with other contents: one line, not a traceback
-            if not isinstance(extra, dict):
-                raise TypeError(f"a {type(extra).__name__}, not a dict")
-            load_per_rank_state(self.per_rank, extra)
-        except (TypeError, KeyError, ValueError, AttributeError, IndexError) as exc:
-            raise CheckpointError(f"{latest}: its per-rank state (extra_rank*.pt) is not what this program "
-                                  f"writes ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+        err = None
+        try:
+            self._apply(latest, extra)
+        except (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, RuntimeError) as exc:
+            name = self.manager.extra_path.name if self.manager.extra_path else "extra_rank*.pt"
+            err = (f"{latest}: its per-rank state ({name}) is not what this program writes "
+                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")
+        with tdist.collective("checkpoint load (agreeing on the per-rank state)"):
+            failed = tdist.first_error(self.info, err)
+            if failed is None:
+                low, high = tdist.min_max(self.info, self.progress.step)
+        if failed is not None:
+            raise CheckpointError(failed)
+        if low != high:
+            raise CheckpointError(f"{latest}: the ranks' per-rank states disagree on the step ({low} to {high})")
         self._info(f"resumed from {latest} at step {self.progress.step}")
         return latest
+
+    def _apply(self, latest: Path, extra) -> None:
+        """Load ``extra`` into the state objects; the step must be the directory's."""
+        if not isinstance(extra, dict):  # a file torch.load accepts (weights_only) but with other contents
+            raise TypeError(f"a {type(extra).__name__}, not a dict")
+        load_per_rank_state(self.per_rank, extra)
+        if f"step_{self.progress.step:08d}" != latest.name:
+            raise ValueError(f"step={self.progress.step} is not the step of its directory")

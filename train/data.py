@@ -123,6 +123,8 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
     num_tokens, and the token ids of the first and last million tokens against vocab_size
     (plus the tell-tale zero high halves of uint32 data declared uint16). Every batch is
     checked again when it is read (``TokenLoader``), so no id >= vocab_size is trained on."""
+    if not path.name or path.name == "..":  # '/', '.', 'dir/..': a directory, and with_suffix() would raise
+        raise DataError(f"data.path: {excerpt(str(path))} names a directory, not a token file")
     meta_path = path.with_suffix(".json")
     for what, file, absent in (("token file", path, "does not exist"),
                                ("metadata", meta_path, "is missing (needs dtype and vocab_size)")):
@@ -276,8 +278,16 @@ class TokenLoader:
         return {"epoch": self.epoch, "cursor": self.cursor, "world": self.shard.world, "rank": self.shard.rank}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch = int(state["epoch"])
-        self.cursor = int(state["cursor"])
+        """A position saved by :meth:`state_dict`; a value of the wrong type or range (a
+        negative epoch or cursor) is a ValueError naming the key. A cursor past this rank's
+        shard (another world size) starts the next epoch, as at the end of every epoch."""
+        for key in ("epoch", "cursor"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 62:
+                raise ValueError(f"data.{key}={repr(value)[:40] if isinstance(value, (int, float)) else excerpt(value)} "
+                                 "is not a non-negative integer")
+        self.epoch = state["epoch"]
+        self.cursor = state["cursor"]
         self._perm = None
 
 

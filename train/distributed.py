@@ -191,6 +191,15 @@ def all_true(info: DistInfo, flag: bool) -> bool:
     return t.item() == 0.0
 
 
+def min_max(info: DistInfo, value: int) -> tuple[int, int]:
+    """The smallest and largest ``value`` over the ranks (one tiny all_reduce)."""
+    if info.backend is None:
+        return value, value
+    t = torch.tensor([-value, value], dtype=torch.int64, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return -int(t[0]), int(t[1])
+
+
 def broadcast_object(info: DistInfo, obj, src: int = 0):
     """Rank ``src``'s ``obj`` on every rank (picklable objects; used for small decisions)."""
     if info.backend is None:

@@ -9,10 +9,13 @@ Rank 0 writes ``OUT/metrics.jsonl``: one JSON object per logged step.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -153,40 +156,74 @@ def open_rows(path: Path, keep_up_to_step: int | None = None) -> int:
 
     A partial last line (what a full disk or a kill leaves) is cut off, and on resume the
     rows after the checkpoint's step (they are trained again) are dropped, so the file
-    always parses line by line. Only a regular file is written (no FIFO/symlink/device)."""
+    always parses line by line. Only a regular file is written (no FIFO/symlink/device),
+    and only one of this run's own: a file with other hard links (``cp -al`` of a run) is
+    copied first - the kept rows into a new file renamed over this name - so the other
+    names keep their contents."""
     check_output_target(path, "metrics.jsonl")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         size = os.fstat(fd).st_size
-        if size:
-            if keep_up_to_step is None or size > MAX_SCAN_BYTES:  # the partial last line only
-                offset = max(size - TAIL_BYTES, 0)
-                data = os.pread(fd, size - offset, offset)
-                cut = data.rfind(b"\n")
-                keep = offset + cut + 1 if cut >= 0 else (0 if offset == 0 else size)
-                data, keep_up_to_step = b"", None
-            else:
-                data = os.pread(fd, size, 0)
-                keep = data.rfind(b"\n") + 1  # whole lines only
-            if keep_up_to_step is not None:
-                lines, kept = data[:keep].splitlines(keepends=True), 0
-                for line in lines:
-                    try:
-                        step = parse_json(line).get("step")
-                    except (ValueError, AttributeError):
-                        step = None
-                    if isinstance(step, int) and step > keep_up_to_step:
-                        break
-                    kept += len(line)
-                keep = kept
-            if keep != size:
-                os.ftruncate(fd, keep)
-                log.warning("%s: dropped %d bytes after the last complete row%s", path, size - keep,
-                            f" / after step {keep_up_to_step}" if keep_up_to_step is not None else "")
+        keep = _rows_to_keep(fd, size, keep_up_to_step) if size else 0
+        if os.fstat(fd).st_nlink > 1:
+            fd = _unshare(path, fd, keep)
+            log.warning("%s had other hard links (a copy of another run?): continuing in a copy of its own; "
+                        "the other names keep the rows as they were", path)
+        elif keep != size:
+            os.ftruncate(fd, keep)
+        if keep != size:
+            log.warning("%s: dropped %d bytes after the last complete row%s", path, size - keep,
+                        f" / after step {keep_up_to_step}" if keep_up_to_step is not None else "")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _rows_to_keep(fd: int, size: int, keep_up_to_step: int | None) -> int:
+    """How many leading bytes of the file are whole rows (up to ``keep_up_to_step``)."""
+    if keep_up_to_step is None or size > MAX_SCAN_BYTES:  # the partial last line only
+        offset = max(size - TAIL_BYTES, 0)
+        data = os.pread(fd, size - offset, offset)
+        cut = data.rfind(b"\n")
+        return offset + cut + 1 if cut >= 0 else (0 if offset == 0 else size)
+    data = os.pread(fd, size, 0)
+    keep = data.rfind(b"\n") + 1  # whole lines only
+    kept = 0
+    for line in data[:keep].splitlines(keepends=True):
+        try:
+            step = parse_json(line).get("step")
+        except (ValueError, AttributeError):
+            step = None
+        if isinstance(step, int) and step > keep_up_to_step:
+            break
+        kept += len(line)
+    return kept
+
+
+def _unshare(path: Path, fd: int, keep: int) -> int:
+    """Copy the first ``keep`` bytes of ``fd`` into a new file in the same directory, rename
+    it over ``path`` and return it open for appending; ``fd`` is closed. The inode other
+    hard links share is never written."""
+    new, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        offset = 0
+        while offset < keep:
+            chunk = os.pread(fd, min(16 << 20, keep - offset), offset)
+            if not chunk:
+                raise OSError(5, f"{path}: shrank while being copied")
+            offset += os.write(new, chunk)
+        os.fsync(new)
+        os.chmod(tmp, os.fstat(fd).st_mode & 0o777)
+        fcntl.fcntl(new, fcntl.F_SETFL, fcntl.fcntl(new, fcntl.F_GETFL) | os.O_APPEND)
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(new)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    return new
 
 
 def append_row(fd: int, row: dict) -> None:

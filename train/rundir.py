@@ -135,6 +135,12 @@ class RunLock:
             if retries > 0:
                 return self.acquire(retries - 1)
             raise RunDirBusy(f"{self.label}: the run lock keeps changing hands")
+        if os.fstat(fd).st_nlink > 1 and retries > 0:
+            # a hard link to another directory's lock (``cp -al`` of a run): writing it would
+            # rewrite that lock, holding it would block that run. Drop this name, take a new file.
+            os.unlink(self.path)
+            self._close()
+            return self.acquire(retries - 1)
         holder, host = self._holder(), socket.gethostname()
         if holder and not self._stale(holder, host):
             self._close()
@@ -296,18 +302,30 @@ def write_config(out_dir: Path, job: JobConfig, event: str) -> None:
 
 
 def check_layout(out_dir: Path) -> None:
-    """The run's own entries, where they exist, have their kind: config.yaml and
-    metrics.jsonl regular files, checkpoints/, flight_recorder/ and tb/ directories (a
-    symlink to one is fine). Otherwise a resumed run would fail only at its first save."""
-    for name in RUN_FILES:
+    """The run's own entries, where they exist, have their kind and are its own:
+    config.yaml and metrics.jsonl regular files; checkpoints/, flight_recorder/, tb/,
+    traces/ and wandb/ real directories - never symbolic links: through one, two runs
+    would load, write and (retention) delete in one directory that only one of them has
+    locked; checkpoints/latest a regular file (it is replaced at every save). Otherwise a
+    resumed run would fail only at its first save, or share another run's files."""
+    shown = excerpt(str(out_dir))
+    for name in (*RUN_FILES, "checkpoints/latest"):
         path = out_dir / name
-        if not os.path.lexists(path):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
             continue
-        want_dir = name not in (CONFIG_NAME, "metrics.jsonl")
-        ok = os.path.isdir(path) if want_dir else stat.S_ISREG(os.lstat(path).st_mode)
-        if not ok:
+        except OSError as exc:
+            raise ConfigError(f"--out {shown}: {name} cannot be checked ({exc.strerror})") from None
+        if stat.S_ISLNK(mode):
+            raise ConfigError(
+                f"--out {shown}: {name} is a symbolic link (to {excerpt(os.readlink(path))}); a run's own files "
+                "must lie inside its --out, or two runs could share them: replace the link with what it points "
+                "to, or use a new --out")
+        want_dir = name not in (CONFIG_NAME, "metrics.jsonl", "checkpoints/latest")
+        if not (stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)):
             kind = "a directory" if want_dir else "a regular file"
-            raise ConfigError(f"--out {excerpt(str(out_dir))}: {name} is not {kind}; move it away or use a new --out")
+            raise ConfigError(f"--out {shown}: {name} is not {kind}; move it away or use a new --out")
 
 
 def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allow_config_change: bool,
@@ -326,8 +344,8 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
         if earlier:
             aside = move_aside(out_dir, [name.rstrip("/") for name in earlier], f"--out {shown}")
             log(f"--overwrite: moved the earlier run ({', '.join(earlier)}) to {aside}")
-            return f"fresh start (--overwrite: the earlier run is in {aside.name}/)"
-        return "fresh start"
+        check_layout(out_dir)  # what is left: an empty checkpoints/ that is a link, ...
+        return f"fresh start (--overwrite: the earlier run is in {aside.name}/)" if earlier else "fresh start"
     check_layout(out_dir)
     path = out_dir / CONFIG_NAME
     if not path.exists():

@@ -26,6 +26,76 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from launch.safety import excerpt
+
+
+# ----------------------------------------------------------------------------- checks
+# A per-rank file is read back with weights_only=True, so it holds plain values; these checks
+# make one of the wrong type or range a ValueError naming the key (``Checkpointer.resume`` turns
+# it into one line naming the file) instead of a traceback or a silently wrong run.
+
+
+def shown(value: object) -> str:
+    """A value of a per-rank file for a message: numbers as written, anything else quoted."""
+    return repr(value)[:40] if isinstance(value, (int, float)) else excerpt(value)
+
+
+def count(state: dict, key: str, default: int | None = None, hi: int = 1 << 62) -> int:
+    """``state[key]`` as a non-negative integer below ``hi`` (``default`` when absent, if given)."""
+    value = state.get(key, default) if default is not None else state[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < hi:
+        raise ValueError(f"{key}={shown(value)} is not an integer in 0..{hi - 1}")
+    return value
+
+
+def _floats(value, key: str, n: int) -> None:
+    if not isinstance(value, (list, tuple)) or len(value) != n or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in value):
+        raise ValueError(f"{key} must be {n} finite number(s) (one per parameter group), got {excerpt(value)}")
+
+
+def _tensor(value, key: str, like: torch.Tensor) -> None:
+    if not isinstance(value, torch.Tensor) or value.dtype != like.dtype or value.shape != like.shape:
+        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{key} must be a {like.dtype} tensor of shape {tuple(like.shape)}, got {got}")
+
+
+def check_rng_state(state: dict) -> None:
+    """The shapes and ranges :func:`set_rng_state` needs (torch, numpy, Python, CUDA)."""
+    _tensor(state["torch"], "rng.torch", torch.get_rng_state())
+    npst = state["numpy"]
+    if npst["name"] != "MT19937":
+        raise ValueError(f"rng.numpy.name={excerpt(npst['name'])} is not MT19937")
+    keys = npst["keys"]
+    if not isinstance(keys, torch.Tensor) or keys.shape != (624,) or keys.is_floating_point() \
+            or (keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= 1 << 32)):
+        raise ValueError("rng.numpy.keys must be 624 integers in 0..2**32-1")
+    count(npst, "pos", hi=625)
+    count(npst, "has_gauss", hi=2)
+    if not isinstance(npst["cached_gaussian"], float):
+        raise ValueError(f"rng.numpy.cached_gaussian={excerpt(npst['cached_gaussian'])} is not a float")
+    py = state["python"]
+    if not (isinstance(py, (tuple, list)) and len(py) == 3 and py[0] == 3 and isinstance(py[1], (tuple, list))
+            and len(py[1]) == 625 and all(isinstance(v, int) and 0 <= v < 1 << 32 for v in py[1][:624])
+            and isinstance(py[1][624], int) and 0 <= py[1][624] <= 624 and (py[2] is None or isinstance(py[2], float))):
+        raise ValueError("rng.python is not a Mersenne Twister state (version 3, 625 words)")
+    if "cuda" in state and torch.cuda.is_available():
+        _tensor(state["cuda"], "rng.cuda", torch.cuda.get_rng_state())
+
+
+def check_scheduler_state(state, groups: int) -> None:
+    """A ``LambdaLR`` state of an optimizer with ``groups`` parameter groups."""
+    if not isinstance(state, dict):
+        raise ValueError(f"scheduler is a {type(state).__name__}, not a dict")
+    _floats(state.get("base_lrs"), "scheduler.base_lrs", groups)
+    if "_last_lr" in state:
+        _floats(state["_last_lr"], "scheduler._last_lr", groups)
+    count(state, "last_epoch")
+    count(state, "_step_count", 0)
+    lambdas = state.get("lr_lambdas", [None] * groups)
+    if not isinstance(lambdas, (list, tuple)) or len(lambdas) != groups or any(x is not None for x in lambdas):
+        raise ValueError(f"scheduler.lr_lambdas must be {groups} None (the schedule is code), got {excerpt(lambdas)}")
+
 
 def rng_state() -> dict[str, Any]:
     """All RNG states as tensors and plain Python values (loadable with weights_only)."""
@@ -42,6 +112,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    check_rng_state(state)
     torch.set_rng_state(state["torch"])
     npst = state["numpy"]
     np.random.set_state((npst["name"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
@@ -79,8 +150,8 @@ class Progress(Stateful):
         return {"step": self.step, "world_size": self.world_size, "nan_skips": self.nan_skips}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.step = int(state_dict["step"])
-        self.nan_skips = int(state_dict.get("nan_skips", 0))
+        self.step = count(state_dict, "step")
+        self.nan_skips = count(state_dict, "nan_skips", 0)
 
 
 class Schedule(Stateful):
@@ -95,6 +166,7 @@ class Schedule(Stateful):
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_scheduler_state(state_dict["scheduler"], len(self.scheduler.optimizer.param_groups))
         self.scheduler.load_state_dict(state_dict["scheduler"])
         if self.scaler is not None and state_dict.get("scaler"):
             self.scaler.load_state_dict(state_dict["scaler"])

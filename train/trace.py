@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import tempfile
 from pathlib import Path
 
 import torch
@@ -124,9 +126,18 @@ class StepTracer:
             torch.cuda.synchronize(self.device)
         prof.__exit__(None, None, None)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        prof.export_chrome_trace(str(tmp))
-        tmp.replace(self.path)
+        # a new file of a random name (O_EXCL), renamed over the trace: a link placed at the
+        # trace's or a predictable temporary name is replaced, never written through
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=str(self.path.parent))
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         try:
             table = prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=60)

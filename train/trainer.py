@@ -125,12 +125,13 @@ class Trainer:
         self.preemption.install()
         if should_resume(job, resume):
             self.checkpointer.resume()
-        elif (existing := self.checkpointer.manager.latest()) is not None:
+        elif (existing := self.checkpointer.manager.latest()) is not None or self.checkpointer.manager.rejected:
             # A fresh run would interleave its checkpoints with these (and retention would
-            # delete the new ones as "older"): refuse instead of destroying saved work.
+            # delete the new ones as "older", or the unverified ones): refuse instead of destroying saved work.
+            held = f"checkpoints up to {existing.name}" if existing else \
+                f"step directories that fail verification ({self.checkpointer.manager.unusable()})"
             raise ConfigError(
-                f"--out {out_dir}: holds checkpoints up to {existing.name}; pass --resume to continue "
-                "from them, or use a new --out"
+                f"--out {out_dir}: holds {held}; pass --resume to continue from them, or use a new --out"
             )
         self.flops_per_token = flops_per_token(job.model, job.train.seq_len)
         self.metrics = self._build_metrics()

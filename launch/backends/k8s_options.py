@@ -12,6 +12,8 @@ from launch.errors import SpecError
 from launch.safety import excerpt
 from launch.spec import JobSpec, parse_quantity
 
+GPU_RESOURCE = "nvidia.com/gpu"  # the pod's GPU request (limits and requests)
+
 SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _QUALIFIED_NAME = re.compile(
@@ -109,6 +111,9 @@ def parse_rdma_resource(value: str | None) -> tuple[str, int | None] | None:
                         "(NAME of at most 63 characters, DOMAIN of at most 253)")
     if count and int(count) < 1:
         raise SpecError(f"--rdma-resource {value!r}: COUNT must be at least 1")
+    if name == GPU_RESOURCE:
+        raise SpecError(f"--rdma-resource {excerpt(value)}: {GPU_RESOURCE} is the pod's GPU request already "
+                        "(--nproc-per-node); name the RDMA device plugin's resource")
     return name, int(count) if count else None
 
 

@@ -26,9 +26,10 @@ NVIDIA DRA driver, its IMEX channel as a pod resource claim, pod affinity on the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from launch.backends.k8s_options import LABEL_VALUE, K8sOptions, parse_key_value, qualified_name
+from launch.backends.k8s_options import GPU_RESOURCE, LABEL_VALUE, K8sOptions, parse_key_value, qualified_name
 from launch.commandline import preflight_train_args
 from launch.envnames import check_unique_env
 from launch.envplan import EnvPlan
@@ -39,7 +40,6 @@ from launch.spec import JobSpec, parse_quantity
 
 GANG_TIMEOUT_S = 300
 CLAIM_NAME = "imex-channel"
-GPU_RESOURCE = "nvidia.com/gpu"
 
 # Template contexts are dataclasses (not dicts): templates reach their fields by name, and the
 # quoting tests replace every string value in them, dict keys included.
@@ -149,10 +149,12 @@ def _rdma(spec: JobSpec, opts: K8sOptions) -> tuple[str, int, str] | None:
 def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_resources=(), **fields) -> Pod:
     """The pod template every API shares; ``fields`` fill in what differs per API."""
     rdma = _rdma(spec, opts)
-    resources = [(GPU_RESOURCE, str(gpus), None)]
+    resources = [(GPU_RESOURCE, str(gpus), None), *((key, value, None) for key, value in extra_resources)]
     if rdma:
-        resources.append((rdma[0], str(rdma[1]), rdma[2]))
-    resources += [(key, value, None) for key, value in extra_resources]
+        if rdma[0] in {key for key, _, _ in resources}:  # a map key twice: the API keeps one silently
+            source = "--rdma-resource" if opts.rdma_resource else f"fabric {spec.fabric.name!r} k8s.rdma_resource.name"
+            raise SpecError(f"{source} {excerpt(rdma[0])}: the pod requests this resource already")
+        resources.insert(1, (rdma[0], str(rdma[1]), rdma[2]))
     domain = fields.get("compute_domain")
     values = {
         "annotations": dict(opts.pod_annotations),
@@ -173,6 +175,24 @@ def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_reso
     }
     values.update(fields)
     return Pod(**values)
+
+
+# etcd keeps an object of at most 1.5 MiB (its default --max-request-bytes); the operator adds
+# status and fields of its own: launch keeps each rendered object under 1 MiB.
+MANIFEST_MAX_BYTES = 1 << 20
+
+
+def check_manifest_size(text: str) -> str:
+    """``text`` (YAML documents; every value is quoted on one line, so a line ``---`` only ever
+    separates documents) with no object over MANIFEST_MAX_BYTES."""
+    for doc in re.split(r"(?m)^---$", text):
+        size = len(doc.encode("utf-8"))
+        if size > MANIFEST_MAX_BYTES:
+            kind = re.search(r"(?m)^kind: (\S+)$", doc)
+            raise SpecError(f"the rendered {kind.group(1) if kind else 'manifest'} is {size} bytes; Kubernetes keeps "
+                            f"objects of at most 1.5 MiB (etcd) and launch stays under {MANIFEST_MAX_BYTES}: "
+                            "shorten --env values or the training arguments")
+    return text
 
 
 def cpu_memory(spec: JobSpec) -> list[tuple[str, str]]:
@@ -206,12 +226,18 @@ def preflight_script(spec: JobSpec) -> str | None:
         return None
     check = shwords(preflight_train_args(spec))
     rid = sh(f"{spec.rdzv.id}-preflight")
+    # the operator's PET_* values reach $(( )): HOST:PORT / digits first (bash evaluates the text)
     return (
         "set -euo pipefail; "
+        "bad() { printf 'launch: %s=%q: expected %s\\n' \"$1\" \"$2\" \"$3\" >&2; exit 2; }; "
+        "ep='^([A-Za-z0-9._-]+|\\[[0-9A-Fa-f:.]+\\]):([0-9]{1,5})$'; "
         'if [[ -n "${PET_RDZV_ENDPOINT:-}" ]]; then '
-        'pf=(--rdzv-endpoint "${PET_RDZV_ENDPOINT%:*}:$((${PET_RDZV_ENDPOINT##*:} + 1))" '
+        '[[ $PET_RDZV_ENDPOINT =~ $ep ]] || bad PET_RDZV_ENDPOINT "$PET_RDZV_ENDPOINT" HOST:PORT; '
+        'pf=(--rdzv-endpoint "${BASH_REMATCH[1]}:$((10#${BASH_REMATCH[2]} + 1))" '
         f"--rdzv-id {rid} --max-restarts 0); "
-        f'else pf=(--master-port "$((${{PET_MASTER_PORT:-{spec.rdzv.port}}} + 1))"); fi; '
+        f'else port=${{PET_MASTER_PORT:-{spec.rdzv.port}}}; '
+        '[[ $port =~ ^[0-9]{1,5}$ ]] || bad PET_MASTER_PORT "$port" "a port number"; '
+        'pf=(--master-port "$((10#$port + 1))"); fi; '
         f'torchrun "${{pf[@]}}" {check} || '
         '{ echo "launch: preflight failed (see above): not starting training" >&2; exit 3; }; '
         'exec torchrun "$@"'

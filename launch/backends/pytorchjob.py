@@ -7,6 +7,7 @@ from launch.backends.base import Job
 from launch.backends.k8s_options import K8sOptions
 from launch.backends.k8s_pod import (
     Port,
+    check_manifest_size,
     check_unique_pod_env,
     compute_domain,
     cpu_memory,
@@ -64,7 +65,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         extra_resources=cpu_memory(spec),
         compute_domain=domain,
     )
-    return render(
+    return check_manifest_size(render(
         "pytorchjob.yaml.j2",
         header=header_lines(job.command, spec),
         name=spec.name,
@@ -80,4 +81,4 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         opts=opts,
         pod=the_pod,
         compute_domain=domain,
-    )
+    ))

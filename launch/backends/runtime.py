@@ -16,6 +16,7 @@ from launch.backends.k8s_pod import (
     Gang,
     Pod,
     Runtime,
+    check_manifest_size,
     pod,
     refuse_preflight,
     uses_compute_domain,
@@ -92,7 +93,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
     """The ClusterTrainingRuntime (``job.plan`` is not used: the runtime leaves --env to each job)."""
     spec = job.spec
     _check_shared(spec, opts)
-    return render(
+    return check_manifest_size(render(
         "trainingruntime.yaml.j2",
         header=header_lines(job.command, spec),
         runtime=Runtime("ClusterTrainingRuntime", opts.runtime or default_runtime_name(spec, opts)),
@@ -104,4 +105,4 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         trainjob=None,
         name=None,
         job_labels={},
-    )
+    ))

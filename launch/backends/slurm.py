@@ -56,6 +56,38 @@ def parse_time(value: str | None) -> str | None:
     return value
 
 
+def time_limit_s(value: str | None) -> int | None:
+    """An sbatch --time in seconds (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None for no
+    limit (UNLIMITED, INFINITE, 0 or no --time)."""
+    if value is None or value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = value.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        hours += int(days) * 24
+    elif len(parts) == 3:  # HH:MM:SS
+        hours, minutes, seconds = parts
+    else:  # MM, MM:SS
+        hours, minutes, seconds = 0, parts[0], (parts + [0])[1]
+    return (hours * 60 + minutes) * 60 + seconds or None  # 0: no time limit
+
+
+SIGNAL_MAX_S = 65535  # sbatch --signal=SIG@TIME takes TIME up to 65535 s
+
+
+def check_grace(spec: JobSpec, opts: SlurmOptions) -> None:
+    """--signal=TERM@grace must be something sbatch takes and fit in the time limit (a grace period
+    as long as the job would send SIGTERM at its start)."""
+    grace = spec.grace_period_s
+    if grace > SIGNAL_MAX_S:
+        raise SpecError(f"--grace-period {grace}: Slurm's --signal takes at most {SIGNAL_MAX_S} seconds")
+    limit = time_limit_s(opts.time)
+    if limit is not None and grace >= limit:
+        raise SpecError(f"--grace-period {grace}: not shorter than --time {opts.time} ({limit} s); the job would "
+                        "get its stop signal before it could train")
+
+
 _GRES = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(:[A-Za-z0-9_.-]+)?")
 
 
@@ -100,6 +132,7 @@ def _directive(text: str) -> Quoted:
 
 
 def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[Quoted]:
+    check_grace(spec, opts)
     nodes = f"{spec.nodes.min}-{spec.nodes.max}" if spec.nodes.elastic else str(spec.nodes.min)
     directives = [
         f"--job-name={spec.name}",

@@ -13,6 +13,7 @@ from launch.backends.k8s_pod import (
     GPU_RESOURCE,
     Gang,
     Runtime,
+    check_manifest_size,
     check_unique_pod_env,
     compute_domain,
     cpu_memory,
@@ -24,9 +25,6 @@ from launch.commandline import training_args
 from launch.errors import SpecError
 from launch.render import header_lines, render
 from launch.spec import JobSpec
-
-# Trainer v2 rejects these in TrainJob.spec.trainer.env (constants.TorchRunReservedEnvNames).
-TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -51,10 +49,7 @@ def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
             f"--name {spec.name!r} is too long for Kubernetes: JobSet's pod name "
             f"{longest!r} would exceed 63 characters"
         )
-    reserved = [name for name, _ in spec.env if name in TORCHRUN_RESERVED_ENV]
-    reserved += [s.name for s in opts.secret_env if s.name in TORCHRUN_RESERVED_ENV]
-    if reserved:
-        raise SpecError(f"--env {reserved[0]}: reserved for the Trainer's Torch plugin, which sets it itself")
+    # the names the Trainer and torchrun own (PET_*...): envnames.BACKEND_OWNED, checked by the CLI
 
 
 def render_job(job: Job, opts: K8sOptions) -> str:
@@ -85,11 +80,11 @@ def render_job(job: Job, opts: K8sOptions) -> str:
     context = {"header": header_lines(job.command, spec), "name": spec.name, "namespace": opts.namespace,
                "job_labels": job_labels(spec, opts), "trainjob": trainjob, "runtime": runtime}
     if not domain:
-        return render("trainjob.yaml.j2", **context)
-    return render(
+        return check_manifest_size(render("trainjob.yaml.j2", **context))
+    return check_manifest_size(render(
         "trainingruntime.yaml.j2", **context,
         gang=Gang(GANG_TIMEOUT_S) if opts.gang else None,
         opts=opts,
         pod=runtime_pod(spec, opts, domain, spec.image),
         compute_domain=domain,
-    )
+    ))

@@ -301,5 +301,5 @@ def test_resume_from_per_rank_state_of_another_shape_is_one_line(tmp_path):
     res = train_cli(["run", "--out", str(out), "--steps", "4", "--resume", *SMALL])
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
-    assert len(lines) == 1 and "step_00000002: its per-rank state (extra_rank*.pt) is not what this program writes" \
+    assert len(lines) == 1 and "step_00000002: its per-rank state (extra_rank0.pt) is not what this program writes" \
         in lines[0], res.stderr[-3000:]

@@ -20,7 +20,7 @@ from launch_testlib import (
     run_inproc,
 )
 
-from launch import catalog, envplan
+from launch import catalog, envnames
 from launch.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
 
 PACKAGE = REPO / "launch"
@@ -116,11 +116,11 @@ def test_every_nccl_name_launch_can_emit_is_documented():
     code_names = set()
     for source in PACKAGE.rglob("*.py"):
         code_names |= set(NCCL_NAME.findall(source.read_text()))
-    code_names -= set(envplan.NOT_NCCL)  # the refusal table names the myths on purpose
+    code_names -= set(envnames.NOT_NCCL)  # the refusal table names the myths on purpose
     assert code_names <= DOCUMENTED_NCCL, sorted(code_names - DOCUMENTED_NCCL)
 
 
-@pytest.mark.parametrize("myth", sorted(envplan.NOT_NCCL))
+@pytest.mark.parametrize("myth", sorted(envnames.NOT_NCCL))
 def test_blog_myths_are_refused(myth):
     assert myth not in DOCUMENTED_NCCL
     rc, _, err = run_inproc(["env", "--env", f"{myth}=1"])

@@ -119,7 +119,7 @@ class Replacer:
         self.make, self.keep_names, self.count = make, keep_names, 0
 
     def context(self, context: dict) -> dict:
-        return {key: self(value) for key, value in context.items()}
+        return {key: self(value, key) for key, value in context.items()}
 
     def __call__(self, obj, field: str | None = None):
         from launch.render import Shell
@@ -128,6 +128,8 @@ class Replacer:
             return obj
         if isinstance(obj, str):
             if self.keep_names and field == "name":  # env var names: validated identifiers
+                return obj
+            if self.keep_names and field == "endpoint":  # HOST:PORT (parse_endpoint), checked again by the script
                 return obj
             self.count += 1
             return self.make(self.count)

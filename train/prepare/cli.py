@@ -36,6 +36,14 @@ def _check_not_empty(tokenizer: str, text_field: str, split: str | None, eos: st
             fail(f"{option} is empty", 2)
 
 
+def _culprit(filename, out: Path) -> str:
+    """``--out OUT`` for an error in a file written there (OUT, OUT.json, OUT.parts/...), else the
+    file itself: an input's read error is not the output's fault."""
+    if filename is None or str(filename).startswith(str(out)) or Path(str(filename)).parent == out.parent:
+        return f"--out {out}"
+    return f"file {excerpt(str(filename))}"
+
+
 @click.group("data")
 def data() -> None:
     """Prepare training data."""
@@ -68,7 +76,7 @@ def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, 
     except ImportError as exc:
         fail(f"{exc.name or exc}: not installed (pip install 'hopper-train[data]')", 2)
     except OSError as exc:  # a disk full, a directory removed meanwhile: one line, not a traceback
-        fail(f"--out {out}: {exc.strerror or exc.__class__.__name__} ({exc.filename or out})", 1)
+        fail(f"{_culprit(exc.filename, out)}: {exc.strerror or exc.__class__.__name__} ({exc.filename or out})", 1)
     fresh = res.num_tokens if not res.done_before else None
     rate = f", {res.tokens_per_s:,.0f} tokens/s" if fresh and res.seconds else ""
     if res.merged:

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -109,7 +110,7 @@ def _prepare(inputs: list[str], out: Path, tokenizer: str, *, workers, text_fiel
     log.info("tokenizing %d units with %d worker(s); tokenizer %s (vocab %d, sha256 %s, eos id %s)",
              len(todo), workers, spec.name, spec.vocab_size, spec.sha256[:12], spec.eos_id)
     results = dict(done)
-    job = (text_field, spec.eos_id, dtype)
+    job = (text_field, spec.eos_id, dtype, spec.vocab_size)
     with _ProgressBar(progress, len(mine), len(done)) as bar:
         for i, result in _tokenize(units, todo, parts, job, spec.json, workers):
             results[i] = result
@@ -239,16 +240,30 @@ def _merge(parts: Path, count: int, out: Path, num_tokens: int, dtype: str) -> N
     itemsize = np.dtype(dtype).itemsize
     if num_tokens > (np.iinfo(np.uint32).max if dtype == "uint32" else 1 << 62):
         raise PrepareError("too many tokens for one file")
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as dst:
-        for i in range(count):
-            with open(_part(parts, i), "rb") as src:
-                shutil.copyfileobj(src, dst, 16 << 20)
-        dst.flush()
-        os.fsync(dst.fileno())
-    if tmp.stat().st_size != num_tokens * itemsize:
-        raise RuntimeError(f"merged {tmp}: {tmp.stat().st_size} bytes, expected {num_tokens * itemsize}")
-    os.replace(tmp, out)
+    # a new file of a random name (O_EXCL): a link placed at a predictable temporary name is never followed
+    fd, name = tempfile.mkstemp(prefix=f".{out.name[:100]}.", suffix=".tmp", dir=str(out.parent))
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as dst:
+            for i in range(count):
+                with open(_part(parts, i), "rb") as src:
+                    shutil.copyfileobj(src, dst, 16 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if tmp.stat().st_size != num_tokens * itemsize:
+            raise RuntimeError(f"merged {tmp}: {tmp.stat().st_size} bytes, expected {num_tokens * itemsize}")
+        os.chmod(tmp, 0o666 & ~_umask())
+        check_output_target(out, "--out")
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def _write_meta(meta_path: Path, meta: dict) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from launch.safety import excerpt, file_kind, parse_json, probe_path
 from train.errors import PrepareError
 
+MAX_VOCAB = 1 << 32  # ids a uint32 token file holds
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 
 
@@ -65,8 +66,22 @@ def load_tokenizer(name: str, online: bool = False, eos: str | None = None) -> T
     else:
         eos_id = next((tok.token_to_id(t) for t in EOS_NAMES if tok.token_to_id(t) is not None), None)
     text = tok.to_str()
-    return TokenizerSpec(name, text, hashlib.sha256(text.encode()).hexdigest(),
-                         tok.get_vocab_size(with_added_tokens=True), eos_id)
+    return TokenizerSpec(name, text, hashlib.sha256(text.encode()).hexdigest(), vocab_size(tok, name, eos_id), eos_id)
+
+
+def vocab_size(tok, name: str, eos_id: int | None) -> int:
+    """One more than the largest id the tokenizer can produce: its vocabulary's largest id
+    (a WordLevel/BPE vocabulary may have gaps, so not ``get_vocab_size()``), the EOS id.
+    Ids beyond 2**32 - 1 fit no token file: refused, naming --tokenizer."""
+    ids = list(tok.get_vocab(with_added_tokens=True).values())
+    if not ids:
+        raise PrepareError(f"--tokenizer {excerpt(name)}: has an empty vocabulary (or one the tokenizers "
+                           "library could not read)")
+    top = max([*ids, tok.get_vocab_size(with_added_tokens=True) - 1, -1 if eos_id is None else eos_id])
+    if min(ids, default=0) < 0 or top >= MAX_VOCAB:
+        raise PrepareError(f"--tokenizer {excerpt(name)}: has token id {top if top >= MAX_VOCAB else min(ids)}; "
+                           f"a token file holds ids 0..{MAX_VOCAB - 1}")
+    return top + 1
 
 
 def _from_file(path: Path, name: str):

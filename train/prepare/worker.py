@@ -3,13 +3,13 @@ the fast tokenizer this worker process loaded, append EOS, write the part atomic
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-from launch.safety import parse_json
+from launch.safety import atomic_write, parse_json
 from train.errors import PrepareError
 from train.prepare.units import Unit
 
@@ -29,7 +29,7 @@ def init_worker(tok_json: str) -> None:
 def _texts(unit: Unit, field: str):
     """Batches of documents of ``unit`` (lists of str)."""
     if unit.kind in ("text", "jsonl"):
-        with open(unit.path, "rb") as fh:
+        with _reading(unit, f"bytes {unit.start}..{unit.stop}"), open(unit.path, "rb") as fh:
             fh.seek(unit.start)
             blob = fh.read(unit.stop - unit.start)
         if unit.kind == "text":
@@ -90,18 +90,36 @@ def _column(unit: Unit, field: str):
     return column
 
 
+@contextlib.contextmanager
+def _reading(unit: Unit, what: str):
+    """A read error of an input (a corrupted page, an I/O error) names the input and the part
+    read, as a PrepareError (exit 2), instead of passing for an error of --out."""
+    try:
+        import pyarrow as pa
+
+        errors: tuple = (OSError, pa.ArrowException)
+    except ImportError:  # text and JSONL need no pyarrow
+        errors = (OSError,)
+    try:
+        yield
+    except errors as exc:
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise PrepareError(f"input {unit.path}: {what} cannot be read ({type(exc).__name__}: {detail})") from None
+
+
 def _raw_column(unit: Unit, field: str):
     if unit.kind == "parquet":
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(unit.path)
-        if field not in pf.schema_arrow.names:
-            raise PrepareError(f"input {unit.path}: no column {field!r} (columns: {', '.join(pf.schema_arrow.names)}; "
-                               "--text-field)")
-        return pf.read_row_group(unit.start, columns=[field]).column(0)
+        with _reading(unit, f"row group {unit.start}"):
+            pf = pq.ParquetFile(unit.path)
+            if field not in pf.schema_arrow.names:
+                raise PrepareError(f"input {unit.path}: no column {field!r} (columns: "
+                                   f"{', '.join(pf.schema_arrow.names)}; --text-field)")
+            return pf.read_row_group(unit.start, columns=[field]).column(0)
     import pyarrow as pa
 
-    with pa.memory_map(unit.path, "r") as src:
+    with _reading(unit, "its record batches"), pa.memory_map(unit.path, "r") as src:
         table = pa.ipc.open_stream(src).read_all()
     if field not in table.column_names:
         raise PrepareError(f"input {unit.path}: no column {field!r} (columns: {', '.join(table.column_names)}; "
@@ -109,28 +127,42 @@ def _raw_column(unit: Unit, field: str):
     return table.column(field).slice(unit.start, unit.stop - unit.start)
 
 
-def tokenize_unit(unit: Unit, field: str, eos_id: int | None, dtype: str, part: str) -> tuple[int, int]:
+def _ids(encoding, dtype: str, vocab_size: int, unit: Unit) -> np.ndarray:
+    """One encoding's ids as ``dtype``; an id the vocabulary (and so the dtype and a later
+    ``train run``) does not hold is refused, naming the tokenizer, never wrapped around."""
+    ids = np.asarray(encoding.ids, dtype=np.int64)
+    if ids.size and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
+        bad = int(ids.max()) if int(ids.max()) >= vocab_size else int(ids.min())
+        raise PrepareError(f"--tokenizer: produced token id {bad} for input {unit.path}, outside its vocabulary "
+                           f"0..{vocab_size - 1} (a post-processor's special token?)")
+    return ids.astype(dtype)
+
+
+def tokenize_unit(unit: Unit, field: str, eos_id: int | None, dtype: str, vocab_size: int,
+                  part: str) -> tuple[int, int]:
     """Tokenize one unit into ``part`` (atomically); returns (tokens, documents)."""
     tok = _worker_tok
     arrays, docs = [], 0
+    eos = [] if eos_id is None else [np.asarray([eos_id], dtype=dtype)]
     for batch in _texts(unit, field):
-        encoded = tok.encode_batch(batch, add_special_tokens=True)
+        try:
+            encoded = tok.encode_batch(batch, add_special_tokens=True)
+        except Exception as exc:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+            raise PrepareError(f"--tokenizer: cannot encode input {unit.path} "
+                               f"({' '.join(str(exc).split())[:200]})") from None
         if unit.kind == "text":  # pieces of one document
-            arrays += [np.asarray(e.ids, dtype=dtype) for e in encoded]
+            arrays += [_ids(e, dtype, vocab_size, unit) for e in encoded]
             if unit.last:
                 docs += 1
-                if eos_id is not None:
-                    arrays.append(np.asarray([eos_id], dtype=dtype))
+                arrays += eos
             continue
         for e in encoded:
-            arrays.append(np.asarray(e.ids, dtype=dtype))
-            if eos_id is not None:
-                arrays.append(np.asarray([eos_id], dtype=dtype))
+            arrays.append(_ids(e, dtype, vocab_size, unit))
+            arrays += eos
         docs += len(encoded)
     tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
-    tmp = f"{part}.tmp{os.getpid()}"
-    tokens.tofile(tmp)
-    os.replace(tmp, part)
-    Path(part).with_suffix(".json").write_text(json.dumps({"key": unit.key(), "num_tokens": int(tokens.size),
-                                                           "documents": docs}))
+    # Temp + rename (launch.safety.atomic_write): a file or link placed at either name is replaced, never followed.
+    atomic_write(part, tokens.tobytes(), what="part file")
+    atomic_write(Path(part).with_suffix(".json"),
+                 json.dumps({"key": unit.key(), "num_tokens": int(tokens.size), "documents": docs}), what="part file")
     return int(tokens.size), docs

@@ -166,10 +166,13 @@ fi
 
 # ---- the checkpoint directory on the host: created here and writable by the user the
 # container runs as (the image's user unless said otherwise below) ----
+# Only a directory this script creates is ever handed to the image's user (chown): never one
+# that was there before (mkdir without -p fails rather than take over one made meanwhile).
 user_opts=()
 created=0
 if [[ ! -d "$checkpoint_dir" ]]; then
-  mkdir -p -- "$checkpoint_dir"
+  mkdir -p -- "$(dirname -- "$checkpoint_dir")"
+  mkdir -- "$checkpoint_dir"
   created=1
 fi
 if [[ "$rootless" == 1 ]]; then
@@ -188,12 +191,6 @@ else
     note "created $checkpoint_dir owned by $image_user (the image's user)"
   fi
   owner=$(stat -c %u:%g -- "$checkpoint_dir" 2>/dev/null || stat -f %u:%g -- "$checkpoint_dir")
-  if [[ "$owner" == 0:0 && "$image_user" != 0:0 ]] && ((EUID == 0)) && [[ -z "$(ls -A -- "$checkpoint_dir")" ]]; then
-    # empty and root-owned (e.g. made by an engine that created a missing volume path)
-    chown -- "$image_user" "$checkpoint_dir"
-    note "$checkpoint_dir was empty and root-owned: now owned by $image_user (the image's user)"
-    owner=$image_user
-  fi
   if [[ "$owner" != "$image_user" ]]; then
     user_opts=("--user=$owner")
     if [[ "$owner" != 0:* ]]; then

@@ -39,6 +39,13 @@ if [[ -z "${LAUNCH_RDZV_ENDPOINT:-}" ]]; then
   exit 2
 fi
 rdzv_endpoint=$LAUNCH_RDZV_ENDPOINT
+# The endpoint goes to torchrun and into port arithmetic: HOST[:PORT] and nothing else (bash
+# would evaluate any other text inside $(( )), command substitutions included).
+endpoint_re='^([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(:([0-9]{1,5}))?$'
+if [[ ! $rdzv_endpoint =~ $endpoint_re ]] || ((10#${BASH_REMATCH[3]:-29400} < 1 || 10#${BASH_REMATCH[3]:-29400} > 65535)); then
+  printf 'launch: rendezvous endpoint %q: expected HOST:PORT (a host name, an IPv4 or [IPv6] address; port 1..65535)\n' "$rdzv_endpoint" >&2
+  exit 2
+fi
 
 # torchrun options: elastic c10d rendezvous
 torchrun_opts=(
