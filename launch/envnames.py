@@ -85,9 +85,10 @@ def check_not_reserved(where: str, name: str) -> None:
 
 # Variables the runtime of each backend owns: set for every worker, read as options or used by
 # the rendered launcher itself. A job value there would be overwritten, or worse, obeyed (e.g.
-# SLURM_JOB_NUM_NODES becomes srun --nodes, SLURM_JOB_ID the scancel target, TMPDIR moves the
-# Slurm script's stop marker, PET_NNODES torchrun's --nnodes). One list per owner, one table per
-# backend (the CLI subcommand, or the Kubernetes API).
+# SLURM_JOB_NUM_NODES becomes srun --nodes, SLURM_JOB_ID the scancel target, PET_NNODES
+# torchrun's --nnodes). TMPDIR (node-local scratch) and PYTHONUNBUFFERED (the operator's value
+# is 1 too) stay the user's. One list per owner, one table per backend (the CLI subcommand, or
+# the Kubernetes API).
 @dataclass(frozen=True)
 class Owned:
     owner: str
@@ -105,14 +106,14 @@ TORCHRUN_OWNED = Owned(
     ("TORCHELASTIC_", "PET_"),
 )
 SLURM_OWNED = Owned(
-    "Slurm (sbatch and srun set or read them; the script uses them for srun, the rendezvous id, "
-    "scontrol/scancel and its stop marker in TMPDIR)",
-    frozenset(("TMPDIR",)),
+    "Slurm (sbatch and srun set or read them; the script uses them for srun, the rendezvous id and "
+    "scontrol/scancel)",
+    frozenset(),
     ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_"),
 )
 PYTORCHJOB_OWNED = Owned(
     "the training operator (PyTorchJob: pkg/controller.v1/pytorch/envvar.go)",
-    frozenset(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PYTHONUNBUFFERED")),
+    frozenset(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")),
     ("PET_",),
 )
 TRAINER_OWNED = Owned(

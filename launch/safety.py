@@ -395,9 +395,11 @@ def _umask() -> int:
     return current
 
 
-def atomic_write(path: str | os.PathLike, data: str | bytes, executable: bool = False, what: str = "-o") -> None:
-    """Write ``data`` to ``path`` whole or not at all (temp file in the same directory,
-    fsync, rename); the target is checked first and again just before the rename."""
+def atomic_write(path: str | os.PathLike, data, executable: bool = False, what: str = "-o",
+                 durable: bool = True) -> None:
+    """Write ``data`` (text, or any bytes-like object: no copy) to ``path`` whole or not at all (temp
+    file in the same directory, fsync unless not ``durable``, rename); the target is checked first and
+    again just before the rename. ``durable=False``: intermediate files a crash only makes redo."""
     p = check_output_target(path, what)
     payload = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
     mode = (0o777 if executable else 0o666) & ~_umask()
@@ -411,7 +413,8 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, executable: bool = 
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         if old is not None and (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
             with contextlib.suppress(OSError):
                 os.chown(tmp, old.st_uid, old.st_gid)

@@ -254,10 +254,10 @@ def parse_mount(value: str) -> Mount:
     parts = value.split(":")
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
         raise SpecError(f"--mount {value!r}: expected SRC:DST[:ro|rw] (paths without ':' or ',')")
-    src, dst = parts[0], parts[1]
+    src, dst, read_only = parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"
     for path in (src, dst):
-        check_path("--mount", path)
-    return Mount(src, dst, read_only=len(parts) == 3 and parts[2] == "ro")
+        check_path("--mount", path, writable=not read_only)
+    return Mount(src, dst, read_only=read_only)
 
 
 def reject_long_names(option: str, path: str) -> str:
@@ -268,31 +268,32 @@ def reject_long_names(option: str, path: str) -> str:
     return path
 
 
-# Never a mount or checkpoint directory (besides reserved_path): the system's data under /var
-# (the docker script would chown it) and a home's credentials; a subdirectory of /var/tmp is fine.
+# Never a mount or checkpoint directory (besides reserved_path): a home's credentials, and where the
+# job writes (the checkpoint directory, a read-write mount) the system's data under /var; a
+# subdirectory of /var/tmp is fine, and so is reading e.g. /var/lib/datasets.
 SYSTEM_DATA_TREES = ("/var/empty", "/var/lib", "/var/log", "/var/spool", "/var/run", "/var/cache", "/var/mail",
                      "/var/lock", "/var/backups", "/var/db")
 SYSTEM_DATA_PATHS = ("/var/tmp",)
 CREDENTIAL_DIRS = (".ssh", ".gnupg")
 
 
-def home_dot_dir(path: str, names: tuple[str, ...] | None = None) -> bool:
-    """``path`` is (in) a dot-directory of /root or /home/USER (only ``names`` among them when given)."""
+def home_dot_dir(path: str, names: tuple[str, ...]) -> bool:
+    """``path`` is (in) one of the dot-directories ``names`` of /root or /home/USER."""
     parts = canonical_path(path).split("/")
     top = parts[2] if parts[1:2] == ["root"] and len(parts) > 2 else (
         parts[3] if parts[1:2] == ["home"] and len(parts) > 3 else "")
-    return top.startswith(".") and (names is None or top in names)
+    return top in names
 
 
-def reserved_job_path(path: str) -> bool:
-    """A mount or checkpoint path ``launch`` refuses: :func:`reserved_path`, the system's data under
-    /var and a home's credentials (``~/.ssh``)."""
+def reserved_job_path(path: str, writable: bool = True) -> bool:
+    """A mount or checkpoint path ``launch`` refuses: :func:`reserved_path`, a home's credentials
+    (``~/.ssh``) and, where the job writes, the system's data under /var."""
     norm = canonical_path(path)
-    return (reserved_path(norm) or norm in SYSTEM_DATA_PATHS or within(norm, SYSTEM_DATA_TREES)
-            or home_dot_dir(norm, CREDENTIAL_DIRS))
+    return (reserved_path(norm) or home_dot_dir(norm, CREDENTIAL_DIRS)
+            or writable and (norm in SYSTEM_DATA_PATHS or within(norm, SYSTEM_DATA_TREES)))
 
 
-def check_path(option: str, path: str) -> str:
+def check_path(option: str, path: str, writable: bool = True) -> str:
     reject_control_chars(option, path)
     reject_long_names(option, path)
     if not path.startswith("/"):
@@ -303,22 +304,19 @@ def check_path(option: str, path: str) -> str:
         raise SpecError(f"{option} {excerpt(path)}: '.' and '..' components are not allowed")
     if len(path) > 4096:
         raise SpecError(f"{option}: path longer than 4096 characters")
-    if reserved_job_path(path):
+    if reserved_job_path(path, writable):
         raise SpecError(
-            f"{option} {excerpt(path)}: a system directory (or /dev/shm, /proc...) cannot be mounted or used "
-            "for checkpoints; use a directory of its own, e.g. /checkpoints or /data"
+            f"{option} {excerpt(path)}: a system directory (or /dev/shm, /proc, ~/.ssh...) cannot be mounted "
+            f"{'read-write ' if writable else ''}or used for checkpoints; use a directory of its own, e.g. "
+            "/checkpoints or /data"
         )
     return path
 
 
 def check_checkpoint_dir(path: str) -> str:
-    """--checkpoint-dir: a mount path (:func:`check_path`), never a dot-directory of a home (~/.ssh,
-    ~/.config...): the docker script creates it and may hand it to the image's user."""
-    check_path("--checkpoint-dir", path)
-    if home_dot_dir(path):
-        raise SpecError(f"--checkpoint-dir {excerpt(path)}: a dot-directory of a home (settings, credentials); "
-                        "use a directory of its own, e.g. /checkpoints or /data")
-    return path
+    """--checkpoint-dir: a mount path the job writes (:func:`check_path`); the docker script creates it
+    and hands only a directory it created to the image's user."""
+    return check_path("--checkpoint-dir", path)
 
 
 # OCI / distribution reference grammar (github.com/distribution/reference, regexp.go):

@@ -130,7 +130,7 @@ class Checkpointer:
         err = None
         try:
             self._apply(latest, extra)
-        except (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError, RuntimeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any rank's failure is every rank's one line, never a hang
             name = self.manager.extra_path.name if self.manager.extra_path else "extra_rank*.pt"
             err = (f"{latest}: its per-rank state ({name}) is not what this program writes "
                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})")

@@ -116,6 +116,12 @@ class RunLock:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             self._close()
             raise ConfigError(f"{self.label}: {self.path.name} is not a regular file")
+        if os.fstat(fd).st_nlink > 1 and retries > 0:
+            # a hard link to another directory's lock (``cp -al`` of a run, maybe still running): locking
+            # it would lock that run's file, writing it would rewrite it. Drop this name, take a new file.
+            os.unlink(self.path)
+            self._close()
+            return self.acquire(retries - 1)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -135,12 +141,6 @@ class RunLock:
             if retries > 0:
                 return self.acquire(retries - 1)
             raise RunDirBusy(f"{self.label}: the run lock keeps changing hands")
-        if os.fstat(fd).st_nlink > 1 and retries > 0:
-            # a hard link to another directory's lock (``cp -al`` of a run): writing it would
-            # rewrite that lock, holding it would block that run. Drop this name, take a new file.
-            os.unlink(self.path)
-            self._close()
-            return self.acquire(retries - 1)
         holder, host = self._holder(), socket.gethostname()
         if holder and not self._stale(holder, host):
             self._close()

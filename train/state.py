@@ -79,8 +79,9 @@ def check_rng_state(state: dict) -> None:
             and len(py[1]) == 625 and all(isinstance(v, int) and 0 <= v < 1 << 32 for v in py[1][:624])
             and isinstance(py[1][624], int) and 0 <= py[1][624] <= 624 and (py[2] is None or isinstance(py[2], float))):
         raise ValueError("rng.python is not a Mersenne Twister state (version 3, 625 words)")
-    if "cuda" in state and torch.cuda.is_available():
-        _tensor(state["cuda"], "rng.cuda", torch.cuda.get_rng_state())
+    cuda = state.get("cuda")  # checked without touching CUDA (a CPU run on a GPU node makes no context)
+    if cuda is not None and not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8 and cuda.dim() == 1):
+        raise ValueError("rng.cuda must be a 1-D uint8 tensor (a CUDA generator's state)")
 
 
 def check_scheduler_state(state, groups: int) -> None:

@@ -84,8 +84,10 @@ def check_grace(spec: JobSpec, opts: SlurmOptions) -> None:
         raise SpecError(f"--grace-period {grace}: Slurm's --signal takes at most {SIGNAL_MAX_S} seconds")
     limit = time_limit_s(opts.time)
     if limit is not None and grace >= limit:
+        hint = (f"pass a shorter one, e.g. --grace-period {max(30, limit // 5)}" if limit > 30
+                else "the shortest is 30 s: give a longer --time")
         raise SpecError(f"--grace-period {grace}: not shorter than --time {opts.time} ({limit} s); the job would "
-                        "get its stop signal before it could train")
+                        f"get its stop signal before it could train; {hint}")
 
 
 _GRES = re.compile(r"[A-Za-z][A-Za-z0-9_-]*(:[A-Za-z0-9_.-]+)?")

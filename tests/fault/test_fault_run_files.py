@@ -122,6 +122,18 @@ def test_run_lock_that_is_a_hard_link_to_another_runs_lock_is_not_written(tmp_pa
     assert (a / ".train.lock").read_text() == '{"host": "elsewhere", "pid": 1}'
 
 
+def test_copy_of_a_live_run_takes_a_lock_of_its_own(tmp_path):
+    """``cp -al`` of a run that is still training: the copy's lock is the live run's inode, whose
+    flock that run holds; the copy must get a file of its own, not "in use by another run"."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    with RunLock(a):
+        b.mkdir()
+        os.link(a / ".train.lock", b / ".train.lock")
+        with RunLock(b):
+            assert not os.path.samefile(a / ".train.lock", b / ".train.lock")
+
+
 # ----------------------------------------------------------------------------- temporary files
 
 

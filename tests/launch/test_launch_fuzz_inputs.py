@@ -47,9 +47,20 @@ def test_check_safe_rechecks_every_name():
     from launch.envplan import EnvVar, check_safe
     from launch.errors import SpecError
 
-    for name in ("GOOD\n", "A B", "LAUNCH_X", "NCCL_MADE_UP", ""):
+    for name in ("GOOD\n", "A B", "LAUNCH_X", "BASH_ENV", ""):
         with pytest.raises(SpecError):
             check_safe([EnvVar(name, "1", "why")])
+
+
+def test_fabric_files_may_set_network_plugin_variables_and_env_flags_may_not(tmp_path):
+    """A site fabric carries its NCCL net plugin's variables, which NCCL's documentation does not list
+    (e.g. GCP's NCCL_FASTRAK_*): the file renders; the same name from --env still needs the flag."""
+    fabric = _yaml_with(tmp_path, REPO / "launch" / "fabrics" / "ethernet.yaml", lambda d: d["env"].update(
+        {"NCCL_FASTRAK_IFNAME": {"value": "eth1,eth2", "why": "the TCPXO plugin's data NICs"}}))
+    text = render(["torchrun", "--nnodes", "2", "--fabric", str(fabric)])
+    assert "NCCL_FASTRAK_IFNAME" in text
+    _refused(["torchrun", "--nnodes", "2", "--env", "NCCL_FASTRAK_IFNAME=eth1"], "NCCL_FASTRAK_IFNAME")
+    render(["torchrun", "--nnodes", "2", "--env", "NCCL_FASTRAK_IFNAME=eth1", "--allow-undocumented-nccl"])
 
 
 def test_every_schema_pattern_is_anchored_at_the_very_end():
@@ -141,6 +152,8 @@ def test_fabric_rdma_resource_cannot_repeat_the_gpu_resource(tmp_path):
 
 @pytest.mark.parametrize("extra, culprit", [(["--grace-period", "65536"], "at most 65535"),
                                             (["--time", "5", "--grace-period", "600"], "not shorter than --time 5"),
+                                            (["--time", "5"], "e.g. --grace-period 60"),  # the default 300 s
+                                            (["--time", "0:30", "--grace-period", "30"], "give a longer --time"),
                                             (["--time", "1:00", "--grace-period", "60"], "(60 s)"),
                                             (["--time", "0-0:10", "--grace-period", "600"], "(600 s)")])
 def test_slurm_grace_period_fits_signal_and_time_limit(extra, culprit):
@@ -178,9 +191,9 @@ def test_whole_number_floats_are_no_integers(tmp_path, source, edit, key):
 
 
 @pytest.mark.parametrize("argv, name", [
-    (["slurm"], "SLURM_JOB_ID"), (["slurm"], "SLURM_JOB_NUM_NODES"), (["slurm"], "TMPDIR"), (["slurm"], "SRUN_CPUS_PER_TASK"),
+    (["slurm"], "SLURM_JOB_ID"), (["slurm"], "SLURM_JOB_NUM_NODES"), (["slurm"], "SRUN_CPUS_PER_TASK"),
     (["k8s", "--api", "pytorchjob"], "PET_NNODES"), (["k8s", "--api", "pytorchjob"], "MASTER_ADDR"),
-    (["k8s", "--api", "pytorchjob"], "PET_RDZV_ENDPOINT"), (["k8s", "--api", "pytorchjob"], "PYTHONUNBUFFERED"),
+    (["k8s", "--api", "pytorchjob"], "PET_RDZV_ENDPOINT"), (["k8s", "--api", "pytorchjob"], "RANK"),
     (["k8s"], "PET_NNODES"), (["k8s"], "JOB_COMPLETION_INDEX"), (["k8s-runtime"], "PET_MASTER_PORT"),
     (["torchrun"], "RANK"), (["torchrun"], "LOCAL_WORLD_SIZE"), (["docker"], "TORCHELASTIC_RUN_ID"),
     (["env"], "MASTER_PORT"), (["run", "--dry-run"], "WORLD_SIZE"), (["slurm"], "GROUP_RANK"),
@@ -193,6 +206,9 @@ def test_owned_names_apply_to_secrets_and_only_to_their_backend():
     _refused(["k8s", "--api", "pytorchjob", "--env-secret", "MASTER_ADDR=s:k"], "--env-secret MASTER_ADDR")
     for argv in (["torchrun"], ["docker"], ["k8s"]):
         render([*argv, "--env", "SLURM_CONF=/etc/x", "--env", "TMPDIR=/scratch"])  # Slurm's names: Slurm only
+    # the user's on every backend: node-local scratch, unbuffered output (the operator sets 1 as well)
+    render(["slurm", "--env", "TMPDIR=/local/scratch"])
+    render(["k8s", "--api", "pytorchjob", "--env", "PYTHONUNBUFFERED=1"])
 
 
 # --------------------------------------------------------------------------- 10: validation stays linear

@@ -137,7 +137,7 @@ def test_rendered_scripts_stay_shellcheck_clean(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["/var/empty/sshd", "/var/tmp", "/var/lib", "/var/lib/x", "/var/log", "/var/spool/cron",
-                                  "/var/cache/x", "/var/mail", "/root/.ssh", "/home/u/.ssh/x", "/home/u/.config"])
+                                  "/var/cache/x", "/var/mail", "/root/.ssh", "/home/u/.ssh/x", "/home/u/.gnupg"])
 def test_system_trees_are_no_checkpoint_directory(path):
     proc = run_cli(["docker", "--checkpoint-dir", path])
     assert proc.returncode == 2 and "--checkpoint-dir" in proc.stderr, proc.stderr
@@ -145,9 +145,16 @@ def test_system_trees_are_no_checkpoint_directory(path):
 
 
 def test_user_places_stay_allowed():
-    for path in ("/var/tmp/ckpt", "/root/ckpt", "/home/u/ckpt", "/checkpoints"):
+    for path in ("/var/tmp/ckpt", "/root/ckpt", "/home/u/ckpt", "/checkpoints", "/home/u/.cache/ckpt"):
         render(["docker", "--checkpoint-dir", path])
     render(["docker", "--mount", "/home/u/.cache/huggingface:/data/hf:ro"])  # a cache may be mounted
+    render(["docker", "--mount", "/var/lib/datasets:/data:ro"])  # system data may be read
+
+
+@pytest.mark.parametrize("mount", ["/var/lib/datasets:/data", "/var/lib/datasets:/data:rw", "/root/.ssh:/keys:ro"])
+def test_system_data_is_never_mounted_read_write_and_credentials_never(mount):
+    proc = run_cli(["docker", "--mount", mount])
+    assert proc.returncode == 2 and "--mount" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
