@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from testlib import QUIET_RUN, finished_run, one_error_line, torchrun, train_cli, tree_hashes
+from testlib import QUIET_RUN, one_error_line, torchrun, train_cli, tree_hashes
 from train.checkpoint import CheckpointManager
 from train.checkpoint_files import read_pointer, verify
 from train.distributed import DistInfo
@@ -28,16 +27,9 @@ STEP2 = "checkpoints/step_00000002"
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def _run_once(tmp_path_factory):
-    return finished_run(tmp_path_factory.mktemp("base") / "run")
-
-
 @pytest.fixture
-def run(_run_once, tmp_path):
-    """A finished 2-step run (checkpoint step_00000002), copied fresh for every test."""
-    shutil.copytree(_run_once, tmp_path / "run", symlinks=True)
-    return tmp_path / "run"
+def run(run_copy):
+    return run_copy
 
 
 def _snapshot(root: Path) -> dict:

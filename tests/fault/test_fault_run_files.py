@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from testlib import QUIET_RUN, finished_run, one_error_line, train_cli, tree_hashes
+from testlib import QUIET_RUN, one_error_line, train_cli, tree_hashes
 from train.errors import ConfigError
 from train.metrics import append_row, open_rows
 from train.rundir import RunLock, check_layout
@@ -24,15 +24,9 @@ RUN_DIRS = ("checkpoints", "flight_recorder", "tb", "traces", "wandb")
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def _run_once(tmp_path_factory):
-    return finished_run(tmp_path_factory.mktemp("base") / "A")
-
-
 @pytest.fixture
-def run_a(_run_once, tmp_path):
-    shutil.copytree(_run_once, tmp_path / "A")
-    return tmp_path / "A"
+def run_a(run_copy):
+    return run_copy
 
 
 def _snapshot(root: Path) -> dict:
