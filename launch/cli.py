@@ -114,10 +114,11 @@ def _prepare(options: dict, backend: str | None = None, venv: str | None = None)
     from launch import builder, catalog, envplan, output
     from launch.backends.base import Job
 
+    # where -o may never go first: a read-only install (an image's) would otherwise say "not writable"
+    output.check_not_inside(options.get("output"), [("the launch package", catalog.PACKAGE_DIR), ("--venv", venv)])
     output.check_target(options.get("output"))
     built = builder.build(options)
     output.check_not_input(options.get("output"), [*output.job_inputs(built.spec), venv])
-    output.check_not_inside(options.get("output"), [("the launch package", catalog.PACKAGE_DIR), ("--venv", venv)])
     plan = envplan.build_env(built.spec)
     job = Job(built.spec, plan, _command_line())
     if backend:

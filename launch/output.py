@@ -8,7 +8,7 @@ import sys
 
 from launch.errors import SpecError
 from launch.runlayout import check_not_in_run
-from launch.safety import atomic_write, check_output_target, excerpt, resolved, within
+from launch.safety import atomic_write, check_output_target, control_chars, excerpt, resolved, within
 
 
 def check_target(output: str | None) -> None:
@@ -32,7 +32,7 @@ def check_not_input(output: str | None, inputs) -> None:
 def check_not_inside(output: str | None, directories) -> None:
     """``-o`` is not inside any of ``directories`` ((what, path) pairs: the launch package, whose
     built-in profiles and templates a script would replace, and ``--venv``), symbolic links followed."""
-    if output is None or output == "-":
+    if output in (None, "", "-") or control_chars(output):  # check_target refuses those names
         return
     target = resolved(output)
     for what, directory in directories:
