@@ -107,10 +107,13 @@ def test_output_never_replaces_an_input(tmp_path):
 
 
 def test_output_never_goes_inside_the_launch_package():
-    before = H100.read_bytes()
-    _refused(["torchrun", "-o", str(H100)], "the launch package")
-    _refused(["torchrun", "-o", str(REPO / "launch" / "templates" / "new.sh")], "the launch package")
-    assert H100.read_bytes() == before and not (REPO / "launch" / "templates" / "new.sh").exists()
+    from launch.catalog import PACKAGE_DIR  # the package in use: the repository's, or an image's installed copy
+
+    profile, new = PACKAGE_DIR / "profiles" / "h100.yaml", PACKAGE_DIR / "templates" / "new.sh"
+    before = profile.read_bytes()
+    _refused(["torchrun", "-o", str(profile)], "the launch package")
+    _refused(["torchrun", "-o", str(new)], "the launch package")
+    assert profile.read_bytes() == before and not new.exists()
 
 
 # --------------------------------------------------------------------------- 4: no torchrun option in the program
