@@ -167,13 +167,17 @@ fi
 # ---- the checkpoint directory on the host: created here and writable by the user the
 # container runs as (the image's user unless said otherwise below) ----
 # Only a directory this script creates is ever handed to the image's user (chown): never one
-# that was there before (mkdir without -p fails rather than take over one made meanwhile).
+# that was there before, nor one made meanwhile (another node's script on a shared file system:
+# mkdir without -p fails there, and this script goes on as for a directory that was there).
 user_opts=()
 created=0
 if [[ ! -d "$checkpoint_dir" ]]; then
   mkdir -p -- "$(dirname -- "$checkpoint_dir")"
-  mkdir -- "$checkpoint_dir"
-  created=1
+  if mkdir -- "$checkpoint_dir" 2>/dev/null; then
+    created=1
+  elif [[ ! -d "$checkpoint_dir" ]]; then
+    die "cannot create the checkpoint directory $checkpoint_dir"
+  fi
 fi
 if [[ "$rootless" == 1 ]]; then
   if [[ "$engine" == podman ]]; then
