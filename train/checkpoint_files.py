@@ -18,7 +18,9 @@ from launch.errors import InputError
 from launch.safety import excerpt, file_kind, parse_json
 
 
-STEP_RE = re.compile(r"^step_(\d{8})$")
+_STEP = r"step_(\d{8})"
+STEP_RE = re.compile(rf"^{_STEP}$")
+STEP_SUFFIX_RE = re.compile(rf"{_STEP}$")  # also the temporary directory of a save (.tmp-step_N)
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists two files per rank: far below this
 MAX_NAME_BYTES = 255
 
@@ -68,7 +70,7 @@ def verify(ckpt: Path) -> str | None:
     for required in (".metadata", "extra_rank0.pt"):
         if required not in sizes:
             return f"manifest.json does not list {required}"
-    named = re.search(r"step_(\d{8})$", ckpt.name)
+    named = STEP_SUFFIX_RE.search(ckpt.name)
     step = manifest.get("step")
     if named and not (_size(step) and step == int(named.group(1))):
         shown = repr(step)[:40] if isinstance(step, (int, float)) else excerpt(step)
