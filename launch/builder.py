@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launch import catalog, defaults
+from core import catalog, limits
+from launch import defaults
 from launch.commandline import PREFLIGHT_PORT_OFFSET
 from launch.entrypoint import parse_entrypoint
-from launch.safety import canonical_path
+from core.safety import canonical_path
 from launch.spec import (
     JobSpec,
     NetworkOverrides,
@@ -121,8 +122,8 @@ def _preflight(o: dict, port: int) -> Preflight:
         raise SpecError(f"--preflight-min-fraction {fraction!r}: must be in (0, 1]")
     if busbw is not None and not busbw > 0:
         raise SpecError(f"--preflight-busbw {busbw!r}: must be > 0 (GB/s)")
-    if busbw is not None and busbw > defaults.MAX_BUSBW_GBPS:
-        raise SpecError(f"--preflight-busbw {busbw:g}: more than {defaults.MAX_BUSBW_GBPS:g} GB/s")
+    if busbw is not None and busbw > limits.MAX_BUSBW_GBPS:
+        raise SpecError(f"--preflight-busbw {busbw:g}: more than {limits.MAX_BUSBW_GBPS:g} GB/s")
     if not enabled and (o.get("preflight_min_fraction") is not None or busbw is not None):
         raise SpecError("--preflight-min-fraction / --preflight-busbw need --preflight")
     if enabled and port + PREFLIGHT_PORT_OFFSET > 65535:  # the preflight meets on the next port

@@ -8,15 +8,18 @@ commands, so ``launch --help`` stays fast and torch is never imported.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
+from core import limits
 from launch import defaults
-from launch.errors import InputError, SpecError
-from launch.clicktypes import StrictFloat, StrictInt, harden_click
-from launch.safety import one_line
+from core.errors import InputError, SpecError
+from core.clicktypes import StrictFloat, StrictInt, harden_click
+from core.safety import one_line
 
 PROG = "launch"
+LAUNCH_DIR = Path(__file__).resolve().parent
 _ARGV: list[str] = []  # the invocation, echoed into the generated files' header
 
 
@@ -54,7 +57,7 @@ def job_options(func):
                      help="Network fabric; default from the profile (single-node or multi-node)."),
         click.option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
                      help="Node count, or MIN:MAX for an elastic job."),
-        click.option("--nproc-per-node", type=StrictInt(1, defaults.MAX_NPROC_PER_NODE), default=None, metavar="N",
+        click.option("--nproc-per-node", type=StrictInt(1, limits.MAX_NPROC_PER_NODE), default=None, metavar="N",
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
         click.option("--image", default=None, help=f"Container image; default {defaults.IMAGE_REPOSITORY}:<image target>."),
         click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
@@ -111,11 +114,13 @@ def _prepare(options: dict, backend: str | None = None, venv: str | None = None)
     """What every backend renders (``backends.base.Job``: spec, environment, command line),
     warnings printed; errors surface as SpecError. ``backend``: refuse the names its runtime owns
     (Kubernetes checks them once the API is known); ``venv``: -o never goes inside it."""
-    from launch import builder, catalog, envplan, output
+    from core import catalog
+    from launch import builder, envplan, output
     from launch.backends.base import Job
 
     # where -o may never go first: a read-only install (an image's) would otherwise say "not writable"
-    output.check_not_inside(options.get("output"), [("the launch package", catalog.PACKAGE_DIR), ("--venv", venv)])
+    inside = [("the launch package", LAUNCH_DIR), ("the core package", catalog.PACKAGE_DIR), ("--venv", venv)]
+    output.check_not_inside(options.get("output"), inside)
     output.check_target(options.get("output"))
     built = builder.build(options)
     output.check_not_input(options.get("output"), [*output.job_inputs(built.spec), venv])
@@ -378,7 +383,7 @@ def _exec_bash(script: str) -> None:
 @cli.command("profiles")
 def profiles_cmd():
     """Known hardware profiles and fabrics, one line each."""
-    from launch import catalog
+    from core import catalog
 
     click.echo("Profiles (--profile):")
     for name in catalog.available("profiles"):

@@ -17,13 +17,9 @@ IMAGE_REPOSITORY = "hopper-train"  # default --image: <repository>:<the profile'
 ELASTIC_MAX_RESTARTS = 3  # torchrun --max-restarts of an elastic job (fixed-size jobs: 0)
 FLIGHT_RECORDER_ENTRIES = 2000  # bare --flight-recorder
 PREFLIGHT_MIN_FRACTION = 0.5
-MAX_NPROC_PER_NODE = 4096  # --nproc-per-node and a profile's gpus_per_node
 
 # --------------------------------------------------------------------------- Slurm
 
-MAX_BUSBW_GBPS = 1e6  # a fabric's busbw_GBps and --preflight-busbw: finite, far above any link
-
-MAX_CPUS_PER_NODE = 65533  # Slurm's cpus_per_task is 16-bit (0xfffe, 0xffff are reserved)
 SLURM_GPU_GRES = "gpu"  # --gpus-per-node
 
 # --------------------------------------------------------------------------- Kubernetes

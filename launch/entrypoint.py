@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePosixPath
 
-from launch.errors import SpecError
-from launch.safety import excerpt
+from core.errors import SpecError
+from core.safety import excerpt
 from launch.spec import check_exec_string, reject_nul
 
 

@@ -1,4 +1,4 @@
-"""Write a rendered result to stdout or, atomically, to a regular file (``launch.safety``)."""
+"""Write a rendered result to stdout or, atomically, to a regular file (``core.safety``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 import re
 import sys
 
-from launch.errors import SpecError
-from launch.runlayout import check_not_in_run
-from launch.safety import atomic_write, check_output_target, control_chars, excerpt, resolved, within
+from core.errors import SpecError
+from core.runlayout import check_not_in_run
+from core.safety import atomic_write, check_output_target, control_chars, excerpt, resolved, within
 
 
 def check_target(output: str | None) -> None:

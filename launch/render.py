@@ -30,8 +30,8 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-from launch.errors import SpecError
-from launch.safety import excerpt
+from core.errors import SpecError
+from core.safety import excerpt
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
-from launch.errors import SpecError
-from launch.safety import NAME_MAX, canonical_path, control_chars, excerpt, longest_name, reserved_path, within
+from core.errors import SpecError
+from core.safety import NAME_MAX, canonical_path, control_chars, excerpt, longest_name, reserved_path, within
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
-    from launch.catalog import Fabric, Profile
+    from core.catalog import Fabric, Profile
 
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)

@@ -15,8 +15,10 @@ The import graph and the size limits are computed in one place, scripts/check_ar
   imports ``train.cli`` but ``train.__main__``;
 * the model knows nothing of parallelism, precision or the loop: ``train.models`` imports only
   itself and leaves;
-* ``launch`` never imports ``torch`` or ``train`` (tests/launch/test_launch_cli.py checks the
-  same at run time for a render); ``train`` takes from ``launch`` only leaves and the catalog.
+* ``train`` and ``launch`` stand side by side on ``core`` (input safety, errors, click types,
+  run layout, the hardware catalog): neither imports the other, ``core`` imports neither, and
+  ``launch`` and ``core`` never import ``torch`` (tests/launch/test_launch_cli.py checks the same
+  at run time for a render).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from testlib import ROOT, load_script
 
 arch = load_script("check_architecture")
 
-LEAVES = {"train.errors", "train.console", "train.paths", "train.compat", "launch.errors", "launch.defaults",
-          "launch.envnames", "launch.safety", "launch.clicktypes", "launch.runlayout"}
+LEAVES = {"train.errors", "train.console", "train.paths", "train.compat", "launch.defaults", "launch.envnames",
+          "core.errors", "core.limits", "core.safety", "core.clicktypes", "core.runlayout"}
 DOC = ROOT / "docs" / "architecture.md"
 
 
@@ -89,9 +91,23 @@ def test_launch_never_imports_torch_or_train():
     assert {m: names for m, names in bad.items() if names} == {}
 
 
-def test_train_takes_from_launch_only_leaves_and_the_catalog(graph):
-    used = {t for m, targets in graph.items() if m.startswith("train") for t in targets if t.startswith("launch")}
-    assert used - LEAVES <= {"launch.catalog"}, sorted(used)
+def _package(module: str) -> str:
+    return module.partition(".")[0]
+
+
+def test_train_and_launch_stand_side_by_side_on_core(graph):
+    """``core`` imports neither product; ``train`` and ``launch`` import each other never."""
+    crossing = sorted((m, t) for m, targets in graph.items() for t in targets
+                      if _package(m) != _package(t) and _package(t) != "core")
+    assert crossing == []
+    assert {t for m, ts in graph.items() if _package(m) == "train" for t in ts} >= {"core.safety", "core.catalog"}
+    assert {t for m, ts in graph.items() if _package(m) == "launch" for t in ts} >= {"core.safety", "core.catalog"}
+
+
+def test_core_never_imports_torch():
+    mods = arch.module_files(ROOT, ("core",))
+    bad = {m: arch.top_level_imports(m, p) & {"torch", "train", "launch"} for m, p in mods.items()}
+    assert mods and {m: names for m, names in bad.items() if names} == {}
 
 
 def test_no_file_over_450_lines_and_no_function_over_60():
@@ -117,7 +133,7 @@ def test_no_test_module_imports_another():
 
 
 def _doc_paths(text: str) -> set[str]:
-    return set(re.findall(r"`((?:train|launch)/[\w/.]*)`", text))
+    return set(re.findall(r"`((?:core|train|launch)/[\w/.]*)`", text))
 
 
 def test_architecture_doc_names_every_module_and_only_real_ones():
@@ -133,7 +149,7 @@ def test_architecture_doc_names_every_module_and_only_real_ones():
 def test_architecture_doc_facts_name_real_definitions():
     """Each dotted ``module.name`` in the doc is a module with that top-level definition."""
     mods = arch.module_files(ROOT)
-    refs = set(re.findall(r"`((?:train|launch)\.[\w.]+)`", DOC.read_text()))
+    refs = set(re.findall(r"`((?:core|train|launch)\.[\w.]+)`", DOC.read_text()))
     assert len(refs) >= 8
     missing = []
     for ref in sorted(refs):

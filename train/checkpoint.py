@@ -59,7 +59,7 @@ try:  # torch >= 2.9: reusable (pinned) staging buffers for async_save
 except ImportError:  # older torch: async_save stages into fresh host memory each time
     _DefaultStager = _StagingOptions = None
 
-from launch.safety import (
+from core.safety import (
     atomic_write,  # the one writer: temp + fsync + rename, regular files only
     check_output_target,
     parse_json,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
 
-from launch.errors import InputError
-from launch.safety import excerpt, file_kind, parse_json
+from core.errors import InputError
+from core.safety import excerpt, file_kind, parse_json
 
 
 _STEP = r"step_(\d{8})"
@@ -154,7 +154,7 @@ def describe_failure(exc: BaseException, rank: int, disk: Path | None = None) ->
         inner = inner[0] if isinstance(inner, tuple) else inner
         if isinstance(inner, BaseException):
             return describe_failure(inner, first, disk)
-    if isinstance(exc, InputError):  # a target refused by launch.safety (a link or a FIFO at `latest`)
+    if isinstance(exc, InputError):  # a target refused by core.safety (a link or a FIFO at `latest`)
         text = str(exc)
     elif isinstance(exc, OSError) and exc.errno:
         what = f"{os.strerror(exc.errno)} (errno {exc.errno})"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from launch.errors import InputError
-from launch.clicktypes import StrictInt, harden_click
+from core.errors import InputError
+from core.clicktypes import StrictInt, harden_click
 from train.config import SEED_MAX
 from train.console import fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError

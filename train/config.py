@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launch.errors import InputError, YamlSyntaxError
-from launch.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float, probe_path
+from core.errors import InputError, YamlSyntaxError
+from core.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float, probe_path
 from train.comm.config import CommConfig
 from train.errors import ConfigError
 from train.models.presets import MODEL_PRESETS, ModelConfig
@@ -55,7 +55,7 @@ class DataConfig:
             raise ConfigError("data.path: required when data.source=file")
         if self.embedded_mb <= 0:
             raise ConfigError(f"data.embedded_mb: must be > 0, got {self.embedded_mb}")
-        from launch.safety import reserved_local_path
+        from core.safety import reserved_local_path
 
         if self.cache_dir and reserved_local_path(self.cache_dir):
             raise ConfigError(f"data.cache_dir: {excerpt(self.cache_dir)} is a system directory")
@@ -362,7 +362,7 @@ def resolve_config_path(path: str | Path) -> Path:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """Bounded (size, nesting, alias expansion) safe YAML: see ``launch.safety``."""
+    """Bounded (size, nesting, alias expansion) safe YAML: see ``core.safety``."""
     try:
         data = load_yaml_file(path, "--config")
     except InputError as exc:

@@ -3,7 +3,7 @@
 Every module logs through ``logging.getLogger(__name__)``; ``setup()`` (called once by the
 command line) sends records to stderr (the loggers named in ``stdout=``: to stdout), prefixed
 ``[rank N]`` when the world has more than one rank. ``fail`` is the one way a command reports a user error: one line, then exit.
-A leaf module: it imports nothing of ``train`` (only ``launch.safety`` for one-line text).
+A leaf module: it imports nothing of ``train`` (only ``core.safety`` for one-line text).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from launch.safety import one_line
+from core.safety import one_line
 
 ROOT_LOGGER = "train"
 

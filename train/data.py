@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launch.errors import InputError
-from launch.safety import atomic_write, excerpt, file_kind, parse_json, probe_path, read_bounded
+from core.errors import InputError
+from core.safety import atomic_write, excerpt, file_kind, parse_json, probe_path, read_bounded
 from train.errors import DataError
 from train.paths import default_cache_dir
 

@@ -1,4 +1,4 @@
-"""Error types of ``train`` (a leaf module: it imports only ``launch.errors``).
+"""Error types of ``train`` (a leaf module: it imports only ``core.errors``).
 
 User errors (``InputError`` and its subclasses) become one line and exit 2 at the command
 line; the runtime errors below become one line and exit 1. Everything else is a bug and
@@ -7,7 +7,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
-from launch.errors import InputError
+from core.errors import InputError
 
 
 class ConfigError(InputError):

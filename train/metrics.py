@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from launch.safety import check_output_target, parse_json
+from core.safety import check_output_target, parse_json
 
 log = logging.getLogger(__name__)
 TAIL_BYTES = 1 << 20  # a row is a few hundred bytes

@@ -18,10 +18,10 @@ Run by torchrun across the same nodes as the training, one rendezvous
    incoming pair is below the threshold (all its links are slow, not one partner's). With
    two nodes every pair involves both: the sender of a slow direction is named (rate
    limits act on egress); when both directions are slow, both nodes are named.
-3. **All-reduce** across every process, busbw as nccl-tests (``train.comm.bandwidth``).
+3. **All-reduce** across every process, busbw as nccl-tests (``train.bench.bandwidth``).
 
 Threshold: ``--min-fraction`` x ``--expect-busbw`` (the busbw the fabric YAML declares,
-``launch/fabrics/*.yaml: busbw_GBps``); with no declared value, ``--min-fraction`` x the
+``core/fabrics/*.yaml: busbw_GBps``); with no declared value, ``--min-fraction`` x the
 median of the measured pairs (a node much slower than the others). Rank 0 prints a table
 and one verdict line naming the hostnames of slow or broken nodes; ``--json`` writes
 the report.
@@ -44,9 +44,9 @@ from pathlib import Path
 
 import click
 
-from launch.errors import InputError
-from launch.runlayout import check_not_in_run
-from launch.safety import atomic_write, check_output_target, excerpt
+from core.errors import InputError
+from core.runlayout import check_not_in_run
+from core.safety import atomic_write, check_output_target, excerpt
 from train.config import MAX_TIMEOUT_S
 
 EXIT_OK, EXIT_SLOW, EXIT_BROKEN = 0, 3, 4
@@ -93,7 +93,7 @@ def measure(info, nbytes: int, iters: int) -> dict:
     import torch.distributed as dist
 
     from train import distributed as tdist
-    from train.comm.bandwidth import busbw
+    from train.bench.bandwidth import busbw
 
     facts = _facts(info.local_rank)
     all_facts: list = [None] * info.world_size

@@ -11,11 +11,12 @@ import os
 import re
 from pathlib import Path
 
-from launch.errors import InputError
-from launch.runlayout import ASIDE_PREFIX, RUN_OWNED, check_not_in_run
-from launch.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
+from core.errors import InputError
+from core.runlayout import ASIDE_PREFIX, RUN_OWNED, check_not_in_run
+from core.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
-from train.doctor.memory import floor_bytes, param_count
+from train.doctor.memory import floor_bytes
+from train.models.shapes import param_count
 from train.errors import ConfigError
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims

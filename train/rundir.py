@@ -30,9 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from launch.errors import InputError
-from launch.runlayout import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
-from launch.safety import atomic_write, excerpt, load_yaml_file, parse_json
+from core.errors import InputError
+from core.runlayout import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
+from core.safety import atomic_write, excerpt, load_yaml_file, parse_json
 from train.config import JobConfig
 from train.errors import ConfigError, RunDirBusy
 

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from launch.safety import excerpt
+from core.safety import excerpt
 
 
 # ----------------------------------------------------------------------------- checks

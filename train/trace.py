@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from launch.safety import parse_json
+from core.safety import parse_json
 
 log = logging.getLogger("train.trace")
 

@@ -18,7 +18,7 @@ from train.checkpoint import CheckpointManager
 from train.checkpointer import Checkpointer
 from train.comm.small_reduce import small_all_reduce
 from train.data import ShardInfo, build_loader, to_device
-from train.doctor.memory import param_count
+from train.models.shapes import param_count
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
-from launch.errors import SpecError
-from launch.safety import excerpt
+from core.errors import SpecError
+from core.safety import excerpt
 from launch.spec import JobSpec, parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the pod's GPU request (limits and requests)

@@ -33,9 +33,9 @@ from launch.backends.k8s_options import GPU_RESOURCE, LABEL_VALUE, K8sOptions, p
 from launch.commandline import preflight_train_args
 from launch.envnames import check_unique_env
 from launch.envplan import EnvPlan
-from launch.errors import SpecError
+from core.errors import SpecError
 from launch.render import sh, shwords
-from launch.safety import excerpt
+from core.safety import excerpt
 from launch.spec import JobSpec, parse_quantity
 
 GANG_TIMEOUT_S = 300

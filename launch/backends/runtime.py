@@ -22,7 +22,7 @@ from launch.backends.k8s_pod import (
     uses_compute_domain,
 )
 from launch.envplan import build_env
-from launch.errors import SpecError
+from core.errors import SpecError
 from launch.render import header_lines, render
 from launch.spec import JobSpec
 

@@ -14,9 +14,9 @@ from launch.commandline import (
     preflight_train_args,
     training_args,
 )
-from launch.errors import SpecError
+from core.errors import SpecError
 from launch.render import Shell, group_args, header_lines
-from launch.safety import excerpt
+from core.safety import excerpt
 from launch.spec import JobSpec, reject_control_chars, reject_long_names
 
 RDZV_ENDPOINT = Shell('"$rdzv_endpoint"')  # set by the script from --rdzv-endpoint or the node list

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from core import limits
 from launch import defaults
 from launch.backends.base import Job
 from launch.backends.shell import (
@@ -15,7 +16,7 @@ from launch.backends.shell import (
     preflight_context,
     torchrun_groups,
 )
-from launch.errors import SpecError
+from core.errors import SpecError
 from launch.render import Quoted, Shell, render
 from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
 
@@ -109,8 +110,8 @@ def slurm_cpus(spec: JobSpec) -> int:
     if cpus is not None:
         if not re.fullmatch(r"[1-9][0-9]*", cpus):
             raise SpecError(f"--cpus {cpus!r}: Slurm needs a whole number of CPUs per node")
-        if int(cpus) > defaults.MAX_CPUS_PER_NODE:
-            raise SpecError(f"--cpus {cpus!r}: Slurm takes at most {defaults.MAX_CPUS_PER_NODE} CPUs per task")
+        if int(cpus) > limits.MAX_CPUS_PER_NODE:
+            raise SpecError(f"--cpus {cpus!r}: Slurm takes at most {limits.MAX_CPUS_PER_NODE} CPUs per task")
         return int(cpus)
     return spec.profile.cpus_per_node or 4 * spec.nproc_per_node
 

@@ -22,7 +22,7 @@ from launch.backends.k8s_pod import (
 )
 from launch.backends.runtime import TRAINER_CONTAINER, default_runtime_name, runtime_pod
 from launch.commandline import training_args
-from launch.errors import SpecError
+from core.errors import SpecError
 from launch.render import header_lines, render
 from launch.spec import JobSpec
 

@@ -1,4 +1,4 @@
-"""train.comm.advice: the one table that picks none / LocalSGD / PowerSGD from a link's busbw."""
+"""train.bench.advice: the one table that picks none / LocalSGD / PowerSGD from a link's busbw."""
 
 import math
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from train.comm import advice
+from train.bench import advice
 from train.errors import ConfigError
 from train.config import load_config
 

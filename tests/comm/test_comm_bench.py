@@ -5,7 +5,7 @@ import json
 import pytest
 
 from testlib import torchrun
-from train.comm.bandwidth import OPS, bus_factor
+from train.bench.bandwidth import OPS, bus_factor
 from train.config import load_config
 from train.models.llama import Transformer, count_params
 

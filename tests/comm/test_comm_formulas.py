@@ -4,8 +4,8 @@ import pytest
 
 from train.bench.comm_args import parse_size, size_range
 from train.bench.compression import timing_window, variant_overrides
-from train.comm.bandwidth import OPS, algbw, bus_factor, busbw
-from train.comm.links import LINKS, emulate_link
+from train.bench.bandwidth import OPS, algbw, bus_factor, busbw
+from train.bench.links import LINKS, emulate_link
 from train.errors import ConfigError
 from train.config import load_config
 

@@ -22,12 +22,11 @@ from train.doctor.memory import (
     Plan,
     block_activation_bytes,
     estimate,
-    param_count,
-    param_shapes,
 )
 from train.doctor.planning import candidate_plans, max_batch, recommend
 from train.models.llama import Transformer
 from train.models.presets import MODEL_PRESETS
+from train.models.shapes import param_count, param_shapes
 from train.parallel.attention import native_gqa_kernel
 from train.trainer import Trainer
 

@@ -226,7 +226,7 @@ def _shown(arg: str, limit: int = 100) -> str:
 
 
 def _printable(text: str) -> str:
-    from launch.safety import one_line
+    from core.safety import one_line
 
     return one_line(text, 10_000)
 
@@ -260,7 +260,7 @@ def test_doc_lists_every_case():
 def write_doc() -> None:
     """The table into docs/bad-inputs.md and into README.md's copy (tests/test_readme.py
     checks that the two are the same)."""
-    from launch.safety import atomic_write  # whole file or nothing: a failure never truncates the doc
+    from core.safety import atomic_write  # whole file or nothing: a failure never truncates the doc
 
     text = DOC.read_text() if DOC.exists() else f"# Bad inputs\n\n{BEGIN}\n{END}\n"
     old = _doc_table(text)

@@ -60,19 +60,19 @@ def run_cli(args: list[str], env: dict | None = None, **kw) -> subprocess.Comple
 
 
 def profiles() -> list[str]:
-    from launch import catalog
+    from core import catalog
 
     return list(catalog.available("profiles"))
 
 
 def fabrics() -> list[str]:
-    from launch import catalog
+    from core import catalog
 
     return list(catalog.available("fabrics"))
 
 
 def multi_node_fabrics() -> list[str]:
-    from launch import catalog
+    from core import catalog
 
     return [f for f in fabrics() if catalog.load_fabric(f).multi_node]
 

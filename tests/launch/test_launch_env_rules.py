@@ -20,8 +20,9 @@ from launch_testlib import (
     run_inproc,
 )
 
-from launch import catalog, envnames
-from launch.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
+from core import catalog
+from launch import envnames
+from core.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
 
 PACKAGE = REPO / "launch"
 REQUIRED_PROFILES = {"h100", "h200", "b200", "gb200", "rtx-pro-6000", "generic"}

@@ -45,7 +45,7 @@ def test_profile_env_names_with_a_final_newline_are_refused(tmp_path, key):
 
 def test_check_safe_rechecks_every_name():
     from launch.envplan import EnvVar, check_safe
-    from launch.errors import SpecError
+    from core.errors import SpecError
 
     for name in ("GOOD\n", "A B", "LAUNCH_X", "BASH_ENV", ""):
         with pytest.raises(SpecError):
@@ -64,7 +64,7 @@ def test_fabric_files_may_set_network_plugin_variables_and_env_flags_may_not(tmp
 
 
 def test_every_schema_pattern_is_anchored_at_the_very_end():
-    from launch.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
+    from core.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
 
     def patterns(node):
         if isinstance(node, dict):
@@ -107,7 +107,7 @@ def test_output_never_replaces_an_input(tmp_path):
 
 
 def test_output_never_goes_inside_the_launch_package():
-    from launch.catalog import PACKAGE_DIR  # the package in use: the repository's, or an image's installed copy
+    from core.catalog import PACKAGE_DIR  # the package in use: the repository's, or an image's installed copy
 
     profile, new = PACKAGE_DIR / "profiles" / "h100.yaml", PACKAGE_DIR / "templates" / "new.sh"
     before = profile.read_bytes()

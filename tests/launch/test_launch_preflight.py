@@ -21,7 +21,7 @@ MULTI = ["--nnodes", "2", "--fabric", "ethernet", "--rdzv-endpoint", "node0:2940
 
 
 def test_every_fabric_declares_a_busbw_with_its_reason():
-    from launch import catalog
+    from core import catalog
 
     for name in fabrics():
         fab = catalog.load_fabric(name)

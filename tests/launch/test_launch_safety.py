@@ -1,4 +1,4 @@
-"""The shared safety layer (``launch/safety.py``) and the job-spec gates, as classes:
+"""The shared safety layer (``core/safety.py``) and the job-spec gates, as classes:
 numeric options, image references, output targets, YAML bounds, fabrics."""
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def test_output_regular_file_replaced_whole(tmp_path):
     ("a: 1\n---\nb: 2\n", "malformed YAML"),
 ])
 def test_yaml_bounds_answer_at_once(text, message):
-    from launch.errors import InputError
-    from launch.safety import load_yaml_text
+    from core.errors import InputError
+    from core.safety import load_yaml_text
 
     t0 = time.monotonic()
     with pytest.raises(InputError, match=message):
@@ -119,7 +119,7 @@ def test_yaml_bounds_answer_at_once(text, message):
 
 
 def test_yaml_errors_show_a_bounded_excerpt(tmp_path):
-    from launch.safety import MESSAGE_CHARS
+    from core.safety import MESSAGE_CHARS
 
     bad = tmp_path / ("x" * 200 + ".yaml")
     bad.write_text("a: [" + "y" * 100000)
@@ -144,7 +144,7 @@ def test_escape_hatch_for_undocumented_nccl():
 
 
 def test_atomic_write_keeps_a_replaced_files_permissions_but_no_set_id_bits(tmp_path):
-    from launch.safety import atomic_write
+    from core.safety import atomic_write
 
     private = tmp_path / "job.yaml"
     private.write_text("a: 1\n")

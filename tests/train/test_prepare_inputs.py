@@ -108,7 +108,7 @@ def test_corrupted_parquet_page_names_the_input_and_row_group(tmp_path):
 
 
 def test_part_files_never_write_through_links_placed_at_their_names(tmp_path):
-    from launch.errors import InputError
+    from core.errors import InputError
 
     _word_level(tmp_path / "tok.json", {"[UNK]": 0, "hello": 1, "world": 2})
     worker.init_worker((tmp_path / "tok.json").read_text())

@@ -9,7 +9,7 @@ For every operation, dtype and message size (``--min-bytes`` .. ``--max-bytes``,
 ``--factor``): warm-up, then timed iterations; the time of an iteration is measured
 with CUDA events around the call on the current stream (``perf_counter`` on CPU), the
 median is taken per rank and the slowest rank's median is reported, with algbw and
-busbw as nccl-tests defines them (``train.comm.bandwidth``). Slow sizes get fewer
+busbw as nccl-tests defines them (``train.bench.bandwidth``). Slow sizes get fewer
 iterations (``--max-seconds`` per size, at least 3), sized by the slowest rank's
 second call (the first sets up lazily) so that all ranks run the same collectives.
 
@@ -30,9 +30,9 @@ import click
 import torch
 import torch.distributed as dist
 
-from launch.safety import parse_json
+from core.safety import parse_json
 from train.bench.comm_args import DTYPES, check_args, human
-from train.comm.bandwidth import OPS, algbw, busbw
+from train.bench.bandwidth import OPS, algbw, busbw
 
 class _Clock:
     """Per-iteration timing on the device; slowest-rank reductions."""
@@ -200,7 +200,7 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
 @click.option("--name", default=None, help="Report name (default: comm, comm_<link>, or latency with --impl).")
 @click.option("--recommend", is_flag=True,
-              help="From the all_reduce busbw at the largest size: none, LocalSGD or PowerSGD (train/comm/advice.py).")
+              help="From the all_reduce busbw at the largest size: none, LocalSGD or PowerSGD (train/bench/advice.py).")
 @click.option("--apply", "apply_path", type=click.Path(path_type=Path), default=None,
               help="Write the recommended comm.* keys into this YAML config (implies --recommend).")
 @click.option("--tflops", type=float, default=None,
@@ -241,7 +241,7 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
 
 def _init(backend: str, emulate_link):
     from train import distributed as tdist
-    from train.comm.links import emulate_link as apply_link
+    from train.bench.links import emulate_link as apply_link
     from train.console import fail
 
     try:
@@ -268,7 +268,7 @@ def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> Non
 def _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name) -> None:
     from train.bench.comm_charts import chart_p2p, chart_sweep
     from train.bench.report import environment_meta, write_report
-    from train.comm.links import nccl_environment
+    from train.bench.links import nccl_environment
 
     meta = {**environment_meta(), **meta, "emulate_link": emulate_link or "none",
             "nccl_env": nccl_environment() or "defaults",
@@ -291,10 +291,10 @@ def _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name) -> None
 
 
 def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
-    """Print (and with --apply, write) the choice of train.comm.advice for the measured link."""
+    """Print (and with --apply, write) the choice of train.bench.advice for the measured link."""
     import json
 
-    from train.comm import advice
+    from train.bench import advice
     from train.console import fail
     from train.errors import ConfigError
 

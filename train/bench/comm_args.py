@@ -8,8 +8,8 @@ import re
 
 import torch
 
-from launch.safety import excerpt
-from train.comm.bandwidth import bus_factor
+from core.safety import excerpt
+from train.bench.bandwidth import bus_factor
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
 MAX_BYTES = 64 << 30  # per message: beyond any GPU's free memory for a buffer pair
@@ -79,7 +79,7 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
     if (tflops is not None and tflops <= 0) or (tokens_per_gpu is not None and tokens_per_gpu <= 0):
         raise ValueError("--tflops and --tokens-per-gpu must be > 0")
     if apply_path is not None:  # a config the bench could not write is refused before the bench
-        from train.comm.advice import read_apply_target
+        from train.bench.advice import read_apply_target
 
         for report in reports:
             if os.path.realpath(apply_path) in {os.path.realpath(out_dir / f"{report}{x}") for x in REPORT_SUFFIXES}:

@@ -29,7 +29,7 @@ from pathlib import Path
 import click
 import torch
 
-from launch.safety import excerpt, parse_ascii_int, parse_finite_float
+from core.safety import excerpt, parse_ascii_int, parse_finite_float
 from train.bench.stopping import Stopped, StopSignals
 from train.console import fail, setup
 
@@ -151,7 +151,7 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
     jobs = _variant_jobs(specs, preset, config_path, base, world, steps, loss_window, runs_dir)
 
     from train import distributed as tdist
-    from train.comm.links import emulate_link as apply_link
+    from train.bench.links import emulate_link as apply_link
 
     setup()
     claim_report(out_dir, name)
@@ -269,7 +269,7 @@ def _run_variants(jobs, info, runs_dir: Path, window, loss_window: int, out_dir:
 def _final_report(out_dir: Path, name: str, rows: list[dict], run_meta: dict) -> None:
     """The table on stdout, and NAME.json/.md/.png with how the numbers were made."""
     from train.bench.report import environment_meta, write_report
-    from train.comm.links import nccl_environment
+    from train.bench.links import nccl_environment
 
     meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), **run_meta,
             "nccl_env": nccl_environment() or "defaults",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from launch.safety import excerpt, load_yaml_file, parse_ascii_int
+from core.safety import excerpt, load_yaml_file, parse_ascii_int
 from train.config import DATA_SOURCES
 from train.errors import ConfigError
 from train.parallel.config import AC_MODES

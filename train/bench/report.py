@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from launch.safety import atomic_write, check_output_target, excerpt
+from core.safety import atomic_write, check_output_target, excerpt
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Modules, lowest first:
 * ``probes``: nvidia-smi (GPUs, topology), NCCL self-test;
 * ``libraries``: torchao / Transformer Engine import checks;
 * ``system``: the system report (:func:`train.doctor.system.collect_system`);
-* ``profiles``: hardware profiles, read through ``launch.catalog``;
+* ``profiles``: hardware profiles, read through ``core.catalog``;
 * ``memory`` (the per-GPU memory model), ``planning`` (layout and batch that fit),
   ``memreport`` (the report's memory section, ``--measure``);
 * ``render``: the text report; ``cli``: the ``train doctor`` command.

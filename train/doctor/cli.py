@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from launch.safety import excerpt, load_yaml_file
+from core.safety import excerpt, load_yaml_file
 from train.console import fail
 from train.doctor.memory import GiB
 from train.doctor.memreport import measure_all, memory_section

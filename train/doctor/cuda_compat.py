@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from launch.safety import load_yaml_file
+from core.safety import load_yaml_file
 
 DATA = Path(__file__).resolve().parent / "cuda_driver.yaml"
 

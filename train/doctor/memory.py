@@ -81,6 +81,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from train.models.presets import ModelConfig
+from train.models.shapes import param_count, param_shapes
 
 GiB = 2**30
 STRATEGIES = ("single", "ddp", "fsdp", "tp")
@@ -88,48 +89,6 @@ ESTIMATED_AC_MODES = ("none", "full", "selective")  # the parallel.ac modes this
 # Headroom: the allocator may hand out this fraction of a GPU's memory; the rest is for
 # the CUDA context, NCCL buffers and fragmentation (a policy, not a measurement).
 USABLE_FRACTION = 0.90
-
-
-# ----------------------------------------------------------------------------- parameters
-
-
-def _block_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """``(name within the block, shape)`` of one transformer block's parameters."""
-    d, hd, f = cfg.dim, cfg.head_dim, cfg.hidden_dim
-    q, kv = cfg.n_heads * hd, cfg.kv_heads * hd
-    return [
-        ("attention_norm.weight", (d,)),
-        ("attention.wq.weight", (q, d)),
-        ("attention.wk.weight", (kv, d)),
-        ("attention.wv.weight", (kv, d)),
-        ("attention.wo.weight", (d, q)),
-        ("ffn_norm.weight", (d,)),
-        ("feed_forward.w1.weight", (f, d)),
-        ("feed_forward.w3.weight", (f, d)),
-        ("feed_forward.w2.weight", (d, f)),
-    ]
-
-
-def _outer_shapes(cfg: ModelConfig) -> tuple[list, list]:
-    """The parameters before the blocks and after them."""
-    d, v = cfg.dim, cfg.vocab_size
-    return [("tok_embeddings.weight", (v, d))], [("norm.weight", (d,)), ("output.weight", (v, d))]
-
-
-def param_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """``(name, shape)`` of every parameter of ``train.models.llama.Transformer``, in
-    ``named_parameters()`` order."""
-    block = _block_shapes(cfg)
-    before, after = _outer_shapes(cfg)
-    layers = [(f"layers.{i}.{name}", shape) for i in range(cfg.n_layers) for name, shape in block]
-    return [*before, *layers, *after]
-
-
-def param_count(cfg: ModelConfig) -> int:
-    """``sum`` of :func:`param_shapes`' sizes without listing the blocks (any ``n_layers``)."""
-    before, after = _outer_shapes(cfg)
-    outer = sum(math.prod(s) for _, s in before + after)
-    return outer + cfg.n_layers * sum(math.prod(s) for _, s in _block_shapes(cfg))
 
 
 # nn.Linear weights sharded along dim 1 by tensor parallelism (row-wise); every other

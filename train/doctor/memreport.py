@@ -12,10 +12,10 @@ from train.doctor.memory import (
     GiB,
     Plan,
     estimate,
-    param_count,
 )
 from train.doctor.planning import recommend
 from train.models.presets import MODEL_PRESETS
+from train.models.shapes import param_count
 
 
 def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | None, source: str,

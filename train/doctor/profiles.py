@@ -1,14 +1,14 @@
-"""Hardware profiles for ``train doctor --profile``: read through ``launch.catalog`` (its
+"""Hardware profiles for ``train doctor --profile``: read through ``core.catalog`` (its
 search path honours ``LAUNCH_PROFILE_PATH``), GPU facts from ``train.hardware``."""
 
 from __future__ import annotations
 
 import re
 
-from launch.catalog import available
-from launch.catalog import load_profile as load_catalog_profile
-from launch.errors import InputError
-from launch.safety import excerpt
+from core.catalog import available
+from core.catalog import load_profile as load_catalog_profile
+from core.errors import InputError
+from core.safety import excerpt
 from train.hardware import fp8_kinds, mxfp8_backends
 
 

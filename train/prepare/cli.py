@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from launch.safety import excerpt
+from core.safety import excerpt
 from train.console import fail, setup
 from train.errors import PrepareError
 from train.prepare.run import prepare

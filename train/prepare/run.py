@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from launch.errors import InputError
-from launch.runlayout import check_not_in_run
-from launch.safety import atomic_write, check_output_target, excerpt, parse_json, reserved_local_path
+from core.errors import InputError
+from core.runlayout import check_not_in_run
+from core.safety import atomic_write, check_output_target, excerpt, parse_json, reserved_local_path
 from train.errors import ConfigError, PrepareError
 from train.prepare.tokenizer import load_tokenizer
 from train.prepare.units import Unit, check_inputs, plan_units

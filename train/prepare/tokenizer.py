@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.safety import excerpt, file_kind, parse_json, probe_path
+from core.safety import excerpt, file_kind, parse_json, probe_path
 from train.errors import PrepareError
 
 MAX_VOCAB = 1 << 32  # ids a uint32 token file holds

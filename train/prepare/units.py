@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from launch.safety import KERNEL_TREES, excerpt, file_kind, probe_path, resolved, within
+from core.safety import KERNEL_TREES, excerpt, file_kind, probe_path, resolved, within
 from train.errors import PrepareError
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launch.safety import atomic_write, parse_json
+from core.safety import atomic_write, parse_json
 from train.errors import PrepareError
 from train.prepare.units import Unit
 
@@ -161,7 +161,7 @@ def tokenize_unit(unit: Unit, field: str, eos_id: int | None, dtype: str, vocab_
             arrays += eos
         docs += len(encoded)
     tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
-    # Temp + rename (launch.safety.atomic_write): a file or link placed at either name is replaced, never
+    # Temp + rename (core.safety.atomic_write): a file or link placed at either name is replaced, never
     # followed. No fsync per part (two per part are slow on network file systems); the merged file is fsynced.
     atomic_write(part, np.ascontiguousarray(tokens), what="part file", durable=False)
     atomic_write(Path(part).with_suffix(".json"), json.dumps(

@@ -1,4 +1,4 @@
-r"""JSON Schemas for hardware profile and fabric files (``launch/profiles``, ``launch/fabrics``).
+r"""JSON Schemas for hardware profile and fabric files (``core/profiles``, ``core/fabrics``).
 
 Every environment setting is ``{value, why}``: the reason is data, rendered as a
 comment next to the variable in every script and manifest.
@@ -9,7 +9,7 @@ bounded and carry no ``uniqueItems`` (jsonschema compares maps pairwise: quadrat
 file); ``catalog`` checks the enum lists for repeats in one pass after validation.
 """
 
-from launch.defaults import MAX_BUSBW_GBPS, MAX_CPUS_PER_NODE, MAX_NPROC_PER_NODE
+from core.limits import MAX_BUSBW_GBPS, MAX_CPUS_PER_NODE, MAX_NPROC_PER_NODE
 
 ENV_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*\Z"
 MAX_ENV_ENTRIES = 512  # variables in one env map

@@ -126,9 +126,9 @@ def read_apply_target(path) -> dict:
     the bounded loader (no hang, no alias bomb), a mapping whose ``comm`` is a mapping."""
     from pathlib import Path
 
-    from launch.errors import InputError
-    from launch.runlayout import check_not_in_run
-    from launch.safety import check_output_target, excerpt, load_yaml_file
+    from core.errors import InputError
+    from core.runlayout import check_not_in_run
+    from core.safety import check_output_target, excerpt, load_yaml_file
     from train.errors import ConfigError
 
     try:
@@ -162,7 +162,7 @@ def apply_to_config(path, advice: Advice) -> str | None:
 
     import yaml
 
-    from launch.safety import atomic_write
+    from core.safety import atomic_write
     from train.config import build_config
     from train.errors import ConfigError
 

@@ -2,7 +2,7 @@
 
 Search order (first match wins): the directories in ``LAUNCH_PROFILE_PATH`` /
 ``LAUNCH_FABRIC_PATH`` (``os.pathsep``-separated), then the built-in
-``launch/profiles`` and ``launch/fabrics``. ``--profile`` / ``--fabric`` also
+``core/profiles`` and ``core/fabrics``. ``--profile`` / ``--fabric`` also
 accept a path to a ``.yaml`` file.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from launch.errors import SpecError
-from launch.safety import excerpt, file_kind, probe_path
+from core.errors import SpecError
+from core.safety import excerpt, file_kind, probe_path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROFILE_PATH_ENV = "LAUNCH_PROFILE_PATH"
@@ -136,7 +136,7 @@ def _read_yaml(path: Path) -> dict:
 
 @lru_cache(maxsize=64)
 def _parse_yaml(path_str: str, _stamp: int) -> dict:
-    from launch.safety import load_yaml_file
+    from core.safety import load_yaml_file
 
     data = load_yaml_file(Path(path_str), "")
     if not isinstance(data, dict):
@@ -171,7 +171,7 @@ def _validate(data: dict, schema: dict, path: Path) -> None:
         err = errors[0]
         where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
         raise SpecError(f"{path}: {where}: {err.message}".replace("\n", " "))
-    for key in ("fp8", "fp4"):  # the schema bounds these lists (no uniqueItems: see launch.schema)
+    for key in ("fp8", "fp4"):  # the schema bounds these lists (no uniqueItems: see core.schema)
         items = data.get(key, [])
         if isinstance(items, list) and len(set(items)) != len(items):
             raise SpecError(f"{path}: {key}: an item is listed twice")
@@ -197,7 +197,7 @@ def _env_entries(raw: dict) -> tuple[EnvEntry, ...]:
 
 
 def load_profile(name: str) -> Profile:
-    from launch.schema import PROFILE_SCHEMA
+    from core.schema import PROFILE_SCHEMA
 
     path = _resolve("profiles", name)
     data = _read_yaml(path)
@@ -230,7 +230,7 @@ def load_profile(name: str) -> Profile:
 
 
 def load_fabric(name: str) -> Fabric:
-    from launch.schema import FABRIC_SCHEMA
+    from core.schema import FABRIC_SCHEMA
 
     path = _resolve("fabrics", name)
     data = _read_yaml(path)

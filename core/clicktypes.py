@@ -1,4 +1,4 @@
-"""Click parameter types for both command lines (a leaf: click and ``launch.safety`` only).
+"""Click parameter types for both command lines (a leaf: click and ``core.safety`` only).
 
 * :class:`StrictInt` / :class:`StrictFloat` - ASCII digits only (Python's ``int()`` takes
   ``'²'``-like Unicode digits), finite numbers and bounded ranges; a bad value is a usage
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import click
 
-from launch.errors import InputError
-from launch.safety import control_chars, excerpt, parse_ascii_int, parse_finite_float
+from core.errors import InputError
+from core.safety import control_chars, excerpt, parse_ascii_int, parse_finite_float
 
 
 class StrictInt(click.ParamType):

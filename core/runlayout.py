@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from launch.errors import InputError
-from launch.safety import excerpt
+from core.errors import InputError
+from core.safety import excerpt
 
 LOCK_NAME = ".train.lock"
 CONFIG_NAME = "config.yaml"

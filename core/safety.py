@@ -14,7 +14,7 @@ same code without an upward import: ``train`` imports it, never the other way ro
   symlink (a rename would replace the special file by a regular one).
 * :func:`parse_ascii_int` / :func:`parse_finite_float` - ASCII digits only (Python's ``int()``
   takes ``'²'``-like Unicode digits), finite numbers, bounded ranges; the click types built on
-  them (``StrictInt``, ``harden_click``) are in ``launch.clicktypes``.
+  them (``StrictInt``, ``harden_click``) are in ``core.clicktypes``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from launch.errors import InputError, YamlSyntaxError
+from core.errors import InputError, YamlSyntaxError
 
 MAX_YAML_BYTES = 1 << 20  # 1 MiB: configs and profiles are a few KiB
 MAX_YAML_DEPTH = 32  # nesting of mappings/sequences
