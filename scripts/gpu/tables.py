@@ -178,7 +178,7 @@ def execute(ctx: Ctx, env: dict[str, str], run: Run) -> None:
     log = ctx.out / f"{'titan_' if run.side == 'titan' else ''}{run.name}.log"
     with open(log, "w") as f:
         try:
-            rc = subprocess.run(cmd, cwd=ROOT, env=full, stdout=f, stderr=subprocess.STDOUT,
+            rc = subprocess.run(cmd, check=False, cwd=ROOT, env=full, stdout=f, stderr=subprocess.STDOUT,
                                 timeout=min(run.limit, left)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -253,8 +253,8 @@ def _bf16_step_ms(d: Path) -> float | None:
 def meta(env: dict[str, str]) -> dict:
     probe = ("import json, torch; print(json.dumps({'torch': torch.__version__, 'gpus': torch.cuda.device_count(), "
              "'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))")
-    info = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    info = subprocess.run([sys.executable, "-c", probe], check=False, env=env, capture_output=True, text=True)
+    git = subprocess.run(["git", "rev-parse", "HEAD"], check=False, cwd=ROOT, capture_output=True, text=True)
     out = json.loads(info.stdout) if info.returncode == 0 else {"torch": None, "error": info.stderr[-300:]}
     out.update(commit=git.stdout.strip() or "unknown", date=time.strftime("%Y-%m-%d"), argv=sys.argv[1:])
     return out
@@ -270,7 +270,7 @@ def measure(a: argparse.Namespace) -> int:
             print(f"OUT={a.out} bash {script.relative_to(ROOT)}")
             return 0
         (a.table_dir / "meta.json").write_text(json.dumps(meta(env), indent=1) + "\n")
-        return subprocess.run(["bash", str(script)], cwd=ROOT, env=dict(env, OUT=str(a.out))).returncode
+        return subprocess.run(["bash", str(script)], check=False, cwd=ROOT, env=dict(env, OUT=str(a.out))).returncode
     ctx = Ctx(a.table_dir, a.budget_s, a.dry_run)
     if not a.dry_run:
         (a.table_dir / "meta.json").write_text(json.dumps(meta(env), indent=1) + "\n")
