@@ -9,7 +9,9 @@ Convention (summarised in tests/test_docs_commands.py):
   command hides in one.
 * A block runs as written, in the page's order, in one bash session (``set -euo pipefail``)
   whose working directory is a scratch directory holding links to the repository's top-level
-  entries: variables, files and ``cd`` carry over from one block of a page to the next.
+  entries: variables, files and ``cd`` carry over from one block of a page to the next. New
+  files land in the scratch directory; a command that writes under a linked entry
+  (``scripts/``, ``k8s/`` ...) writes into the checkout, so such a command is marked.
 * ``<!-- docs-test: render REASON -->`` on the line(s) just before a block: it cannot run
   here as written (REASON: GPUs, a cluster). ``launch`` commands in it still run (rendering
   needs no GPU); every other command is checked instead (see :mod:`docs_render`).
@@ -132,8 +134,9 @@ def render_line(line: str, where: str) -> str:
     lex = shlex.shlex(stripped, posix=True, punctuation_chars=True)
     lex.whitespace_split, lex.commenters = True, "#"
     words = list(lex)
-    if OPERATORS & set(words):
-        raise ValueError(f"{where}: one simple command per line in a render block (no pipes, ;, &&): {stripped[:80]}")
+    if OPERATORS & set(words) or any(w.startswith("<<") for w in words):
+        raise ValueError(f"{where}: one simple command per line in a render block (no pipes, ;, &&, "
+                         f"here-documents): {stripped[:80]}")
     k = command_word(words)
     if k == len(words) or words[k] in RUN_IN_RENDER:
         return line
