@@ -211,12 +211,13 @@ def load_dcp(ckpt: Path, prefix: str = "") -> dict:
     """The tensors of a DCP checkpoint whose keys start with ``prefix`` (``"model."``: the
     model's; ``""``: model and optimizer), loaded without a process group."""
     import torch
-    import torch.distributed.checkpoint as dcp
 
-    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    from train import dcp_safe
+
+    meta = dcp_safe.load_metadata(ckpt / dcp_safe.METADATA_FILE)
     state = {k: torch.empty(v.size, dtype=v.properties.dtype)
              for k, v in meta.state_dict_metadata.items() if k.startswith(prefix) and hasattr(v, "size")}
-    dcp.load(state, checkpoint_id=str(ckpt))
+    dcp_safe.load(state, ckpt)
     return state
 
 
