@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
-from launch.safety import NAME_MAX, canonical_path, control_chars, excerpt, longest_name, reserved_path, within
+from launch.safety import (NAME_MAX, canonical_path, control_chars, excerpt, longest_name, refuse_home, reserved_path,
+                           within)
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile
@@ -296,6 +297,7 @@ def reserved_job_path(path: str, writable: bool = True) -> bool:
 def check_path(option: str, path: str, writable: bool = True) -> str:
     reject_control_chars(option, path)
     reject_long_names(option, path)
+    refuse_home(path, option, SpecError)
     if not path.startswith("/"):
         raise SpecError(f"{option} {excerpt(path)}: must be an absolute path")
     if "," in path or ":" in path:

@@ -16,7 +16,7 @@ from launch.commandline import (
 )
 from launch.errors import SpecError
 from launch.render import Shell, group_args, header_lines
-from launch.safety import excerpt
+from launch.safety import excerpt, refuse_home
 from launch.spec import JobSpec, reject_control_chars, reject_long_names
 
 RDZV_ENDPOINT = Shell('"$rdzv_endpoint"')  # set by the script from --rdzv-endpoint or the node list
@@ -28,6 +28,7 @@ def parse_venv(value: str | None) -> str | None:
         return None
     reject_control_chars("--venv", value)
     reject_long_names("--venv", value)
+    refuse_home(value, "--venv", SpecError)
     if not value.startswith("/") or ":" in value:
         raise SpecError(f"--venv {excerpt(value)}: an absolute directory path without ':'")
     return value.rstrip("/") or "/"
