@@ -16,7 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from launch.errors import SpecError
-from launch.safety import excerpt, expand_home, file_kind, probe_path
+from launch.homepath import expand_home
+from launch.safety import excerpt, file_kind, probe_path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROFILE_PATH_ENV = "LAUNCH_PROFILE_PATH"

@@ -14,7 +14,8 @@ from __future__ import annotations
 import click
 
 from launch.errors import InputError
-from launch.safety import control_chars, excerpt, expand_home, parse_ascii_int, parse_finite_float
+from launch.homepath import expand_home
+from launch.safety import control_chars, excerpt, parse_ascii_int, parse_finite_float
 
 
 class StrictInt(click.ParamType):

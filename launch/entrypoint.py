@@ -11,7 +11,8 @@ import shlex
 from pathlib import PurePosixPath
 
 from launch.errors import SpecError
-from launch.safety import excerpt, refuse_home
+from launch.homepath import refuse_home
+from launch.safety import excerpt
 from launch.spec import check_exec_string, reject_nul
 
 

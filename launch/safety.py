@@ -105,31 +105,6 @@ def probe_path(path: str | os.PathLike, what: str) -> os.stat_result | None:
         raise InputError(f"{what} {excerpt(text)}: {exc.strerror or type(exc).__name__}") from None
 
 
-def expand_home(path: str, what: str) -> str:
-    """A path the user gave for this machine, with a leading ``~`` or ``~user`` expanded as a shell
-    would at the start of a word (it does not in ``--opt=~/x``, ``--set key=~/x``, YAML or
-    ``env X=~/x``). ``~user`` naming no user here, or ``~`` without a home, is an InputError
-    naming ``what``: such a path never becomes a directory named ``~``. Other paths unchanged."""
-    if not isinstance(path, str) or not path.startswith("~"):
-        return path
-    expanded = os.path.expanduser(path)
-    if expanded.startswith("~"):
-        user = path[1:].split("/", 1)[0]
-        why = f"no user {excerpt(user)} on this machine" if user else "no home directory ($HOME unset)"
-        raise InputError(f"{what} {excerpt(path)}: '~' cannot be expanded ({why}); give the full path")
-    return expanded
-
-
-REMOTE_HOME_HINT = ("'~' is not expanded in a job that runs on other machines (and maybe as another user); "
-                    "give the absolute path")
-
-
-def refuse_home(path: str, what: str, error: type[InputError] = InputError) -> None:
-    """A path a rendered job uses on its nodes starts with ``~``: one line with the hint."""
-    if isinstance(path, str) and path.startswith("~"):
-        raise error(f"{what} {excerpt(path)}: {REMOTE_HOME_HINT}")
-
-
 def longest_name(path: str) -> int:
     """Bytes of the longest component of ``path`` (what the file system holds at most NAME_MAX of)."""
     return max((len(os.fsencode(part)) for part in path.split("/")), default=0)

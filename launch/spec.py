@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from launch.errors import SpecError
-from launch.safety import (NAME_MAX, canonical_path, control_chars, excerpt, longest_name, refuse_home, reserved_path,
-                           within)
+from launch.homepath import refuse_home
+from launch.safety import NAME_MAX, canonical_path, control_chars, excerpt, longest_name, reserved_path, within
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from launch.catalog import Fabric, Profile

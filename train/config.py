@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from launch.errors import InputError, YamlSyntaxError
-from launch.safety import (control_chars, excerpt, expand_home, load_yaml_file, load_yaml_text, parse_finite_float,
-                           probe_path)
+from launch.homepath import expand_home
+from launch.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float, probe_path
 from train.comm.config import CommConfig
 from train.errors import ConfigError
 from train.models.presets import MODEL_PRESETS, ModelConfig

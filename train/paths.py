@@ -1,4 +1,4 @@
-"""Where ``train`` keeps files between runs (a leaf module: no imports from ``train``; ``launch.safety`` only)."""
+"""Where ``train`` keeps files between runs (a leaf module: no imports from ``train``; ``launch.homepath`` only)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def expand_path_env() -> None:
     """Expand a leading ``~``/``~user`` in :data:`PATH_ENV` in this process's environment (what torch
     reads too), as a shell does in ``X=~/c`` but not in ``env X=~/c``, a unit file or a manifest.
     A ``~user`` naming no user is an InputError naming the variable."""
-    from launch.safety import expand_home
+    from launch.homepath import expand_home
 
     for name in PATH_ENV:
         value = os.environ.get(name, "")

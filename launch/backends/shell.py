@@ -16,7 +16,8 @@ from launch.commandline import (
 )
 from launch.errors import SpecError
 from launch.render import Shell, group_args, header_lines
-from launch.safety import excerpt, refuse_home
+from launch.homepath import refuse_home
+from launch.safety import excerpt
 from launch.spec import JobSpec, reject_control_chars, reject_long_names
 
 RDZV_ENDPOINT = Shell('"$rdzv_endpoint"')  # set by the script from --rdzv-endpoint or the node list
