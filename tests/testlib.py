@@ -230,7 +230,7 @@ def load_dcp(ckpt: Path, prefix: str = "") -> dict:
     model's; ``""``: model and optimizer), loaded without a process group."""
     import torch
 
-    from train import dcp_safe
+    from train.checkpoint import safe_load as dcp_safe
 
     meta = dcp_safe.load_metadata(ckpt / dcp_safe.METADATA_FILE)
     state = {k: torch.empty(v.size, dtype=v.properties.dtype)

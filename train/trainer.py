@@ -14,8 +14,16 @@ import torch
 
 from train import console
 from train import distributed as tdist
-from train.checkpoint import CheckpointManager
-from train.checkpointer import Checkpointer
+from train.checkpoint import (
+    RNG,
+    CheckpointManager,
+    Checkpointer,
+    ComponentState,
+    DataPosition,
+    ModelOptimizer,
+    Progress,
+    Schedule,
+)
 from train.comm.small_reduce import small_all_reduce
 from train.data import ShardInfo, build_loader, to_device
 from train.models.shapes import param_count
@@ -32,14 +40,6 @@ from train.parallel.symm_comm import nccl_env
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.preemption import Preemption
-from train.state import (
-    RNG,
-    ComponentState,
-    DataPosition,
-    ModelOptimizer,
-    Progress,
-    Schedule,
-)
 from train.trace import StepTracer, parse_window, phase
 
 log = logging.getLogger(__name__)
@@ -409,7 +409,7 @@ def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMe
 
 # The run's progress (model, steps, checkpoints, resume) is what ``train run`` produces: it goes
 # to stdout, as it always did (console.setup(stdout=...)); diagnostics (warnings, errors) go to stderr.
-PROGRESS_LOGGERS = (__name__, "train.checkpointer")
+PROGRESS_LOGGERS = (__name__, "train.checkpoint.checkpointer")
 
 
 def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from testlib import SMALL_RUN, train_cli
-from train import dcp_safe
+from train.checkpoint import safe_load as dcp_safe
 from train.checkpoint import CheckpointManager
 from train.config import ModelConfig
 from train.distributed import DistInfo

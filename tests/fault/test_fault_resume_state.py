@@ -17,7 +17,7 @@ import torch
 
 from testlib import QUIET_RUN, one_error_line, torchrun, train_cli, tree_hashes
 from train.checkpoint import CheckpointManager
-from train.checkpoint_files import read_pointer, verify
+from train.checkpoint.files import read_pointer, verify
 from train.distributed import DistInfo
 
 SMALL = QUIET_RUN

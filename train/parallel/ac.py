@@ -17,7 +17,7 @@
 
 Blocks are replaced in ``model.layers`` by torch's ``checkpoint_wrapper``. That inserts
 ``_checkpoint_wrapped_module.`` into ``named_parameters()`` names, but
-``torch.distributed.checkpoint.state_dict.get_state_dict`` (what train/checkpoint.py
+``torch.distributed.checkpoint.state_dict.get_state_dict`` (what train/checkpoint/manager.py
 uses) strips it, so checkpoints load across ``ac`` settings (tested).
 """
 

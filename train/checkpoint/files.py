@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.errors import InputError
 from core.safety import excerpt, file_kind, parse_json
-from train import dcp_safe
+from train.checkpoint import safe_load
 
 
 _STEP = r"step_(\d{8})"
@@ -117,8 +117,8 @@ def read_pointer(root: Path) -> tuple[str | None, str | None]:
 
 def unreadable_metadata(ckpt: Path) -> str | None:
     try:
-        dcp_safe.load_metadata(ckpt / dcp_safe.METADATA_FILE)
-    except dcp_safe.UnsafeCheckpoint as exc:  # named: never loaded, whatever else is wrong with it
+        safe_load.load_metadata(ckpt / safe_load.METADATA_FILE)
+    except safe_load.UnsafeCheckpoint as exc:  # named: never loaded, whatever else is wrong with it
         return f".metadata {str(exc).split(': ', 1)[-1]}"
     except Exception as exc:  # noqa: BLE001 - any reason means unreadable
         return f".metadata is unreadable ({type(exc).__name__})"

@@ -26,12 +26,12 @@ not read (and so never lets retention delete them).
 
 Nothing read back runs code from the files: DCP's ``.metadata`` pickle goes through an
 allow-list unpickler and DCP's non-tensor entries through ``torch.load(weights_only=True)``
-(:mod:`train.dcp_safe`); per-rank state is read with ``torch.load(weights_only=True)``: it
+(:mod:`train.checkpoint.safe_load`); per-rank state is read with ``torch.load(weights_only=True)``: it
 holds tensors and plain Python containers only (the numpy RNG state is stored as a tensor). State registered in ``extra_state`` by other
 components must follow that rule.
 
 This module is the storage: what is in a checkpoint is assembled by the ``Stateful``
-objects of :mod:`train.state`, and when to save by :class:`train.checkpointer.Checkpointer`.
+objects of :mod:`train.checkpoint.state`, and when to save by :class:`train.checkpoint.checkpointer.Checkpointer`.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ from core.safety import (
     check_output_target,
     parse_json,
 )
-from train import dcp_safe
+from train.checkpoint import safe_load
 from train import distributed as tdist
-from train.checkpoint_files import (
+from train.checkpoint.files import (
     STEP_RE,
     describe_failure,
     fsync_dir,
@@ -77,7 +77,7 @@ from train.checkpoint_files import (
     verify,
 )
 from train.errors import CheckpointError
-from train.state import ModelOptimizer, rng_state, set_rng_state  # noqa: F401 - rng_*: public here too
+from train.checkpoint.state import ModelOptimizer
 
 _ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 # DCP warns at every save and load of a run without a process group (one process) that it
@@ -396,15 +396,15 @@ class CheckpointManager:
     def load(self, ckpt: Path, model, optimizer) -> dict[str, Any]:
         """Load model/optimizer (resharding as needed) and return this rank's extra state."""
         try:  # fail here with one clear line rather than in DCP, which logs tracebacks first
-            dcp_safe.load_metadata(ckpt / dcp_safe.METADATA_FILE)
-        except dcp_safe.UnsafeCheckpoint:
+            safe_load.load_metadata(ckpt / safe_load.METADATA_FILE)
+        except safe_load.UnsafeCheckpoint:
             raise
         except Exception as exc:  # noqa: BLE001 - any reason means unreadable
             raise CheckpointError(f"{ckpt / '.metadata'} is unreadable ({type(exc).__name__}: {exc})") from None
         shards = ModelOptimizer(model, optimizer)
         state = shards.state_dict()
         with tdist.collective("checkpoint load (DCP)"):
-            dcp_safe.load(state, ckpt)
+            safe_load.load(state, ckpt)
         shards.load_state_dict(state)
         own = ckpt / f"extra_rank{self.rank}.pt"
         path = own if own.is_file() else ckpt / "extra_rank0.pt"

@@ -1,6 +1,6 @@
 """When to checkpoint, and what: the training loop's side of :mod:`train.checkpoint`.
 
-The trainer hands its state over once, as ``Stateful`` objects (:mod:`train.state`), and
+The trainer hands its state over once, as ``Stateful`` objects (:mod:`train.checkpoint.state`), and
 calls :meth:`Checkpointer.maybe_save` after every step; the cadence lives here:
 
 * every ``checkpoint.every`` steps (asynchronously with ``checkpoint.async_save``: the
@@ -24,9 +24,9 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
 from train import distributed as tdist
-from train.checkpoint import CheckpointManager
+from train.checkpoint.manager import CheckpointManager
 from train.errors import CheckpointError, NonFiniteLossError
-from train.state import ModelOptimizer, Progress, load_per_rank_state, per_rank_state
+from train.checkpoint.state import ModelOptimizer, Progress, load_per_rank_state, per_rank_state
 from train.trace import phase
 
 log = logging.getLogger(__name__)
