@@ -79,10 +79,10 @@ def latency_table(d: Path) -> list[str]:
         if not isinstance(data, dict):
             continue
         impls = (data.get("meta") or {}).get("impls", [])
-        lines += [f"### {p.stem}", "", "| size | " + " | ".join(f"{k} us" for k in impls) + " | best | error |",
+        lines += [f"### {p.stem}", "", "| size | " + " | ".join(f"{k} device us" for k in impls) + " | best | error |",
                   "|---|" + "---|" * (len(impls) + 2)]
         for r in data.get("rows", []):
-            cells = [_num(r.get(f"{k}_us"), ".1f") for k in impls]
+            cells = [_num(r.get(f"{k}_device_us", r.get(f"{k}_us")), ".1f") for k in impls]
             lines.append(f"| {r.get('size')} | " + " | ".join(cells) + f" | {r.get('best')} | {r.get('error', '')} |")
         lines.append("")
     return lines
