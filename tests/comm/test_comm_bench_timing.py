@@ -27,11 +27,17 @@ def _timer_worker(rank, world, out):
 
     timer = Timer(torch.device("cpu"), iters=6, warmup=3, max_seconds=30.0)
     t = timer.measure(fn)
+    t_calls = calls[0]
     planned = timer.plan(0.010)
     short = Timer(torch.device("cpu"), iters=20, warmup=3, max_seconds=0.05)
     calls_before = calls[0]
     s = short.measure(fn)
-    result = {"t": t, "calls": calls_before, "planned": planned, "short": s, "short_calls": calls[0] - calls_before}
+    short_calls = calls[0] - calls_before
+    # preflight's way: iters below 3 stay as given, and no set-up call (the caller made it)
+    calls_before = calls[0]
+    p = Timer(torch.device("cpu"), iters=2, warmup=1, max_seconds=0.05).measure(fn, set_up=False)
+    result = {"t": t, "calls": t_calls, "planned": planned, "short": s, "short_calls": short_calls,
+              "pre": p, "pre_calls": calls[0] - calls_before}
     gathered = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:
@@ -55,6 +61,8 @@ def test_timer_on_gloo_reports_the_slowest_ranks_host_time_only(tmp_path):
         # 0.05 s for a 10 ms call: one batch of the minimum 3 calls
         s = r["short"]
         assert (s.iters, s.batches) == (3, 1) and r["short_calls"] == 2 + 0 + 3 and s.host_s >= 0.010
+        pre = r["pre"]
+        assert (pre.iters, pre.batches) == (2, 1) and r["pre_calls"] == 1 + 0 + 2
     assert by_rank[0]["t"].host_s == by_rank[1]["t"].host_s
 
 

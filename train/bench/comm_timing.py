@@ -105,19 +105,22 @@ class Timer:
     def plan(self, est: float) -> tuple[int, int, int]:
         """(calls per batch, batches, warm-up calls) for an operation of about ``est`` seconds
         (the slowest rank's, so that every rank plans the same): within ``max_seconds``
-        where possible, never fewer than 3 calls per batch."""
+        where possible; a slow operation gets fewer batches, then fewer calls, but never
+        fewer than 3 calls (or ``iters``, if smaller)."""
         per = max(est, 1e-9)
         budget = 0.8 * self.max_seconds / (2 if self.graph else 1)
         n, batches = self.iters, self.batches
         while batches > 1 and per * (n + 1) * batches > budget:
             batches -= 1
         if per * (n + 1) > budget:
-            n = max(3, min(n, int(budget / per) - 1))
+            n = min(n, max(3, int(budget / per) - 1))
         warm = max(0, min(self.warmup - 2, int(0.2 * self.max_seconds / per)))
         return n, batches, warm
 
-    def measure(self, fn) -> Timing:
-        fn()  # first call: lazy set-up (e.g. NCCL's connections), not timed
+    def measure(self, fn, set_up: bool = True) -> Timing:
+        """``set_up=False``: the caller has already run the operation once (connections made)."""
+        if set_up:
+            fn()  # first call: lazy set-up (e.g. NCCL's connections), not timed
         n, batches, warm = self.plan(self.max_over_ranks(self.wall(fn))[0])  # second: sizes the rest
         for _ in range(warm):
             fn()
