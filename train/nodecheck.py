@@ -18,7 +18,10 @@ Run by torchrun across the same nodes as the training, one rendezvous
    incoming pair is below the threshold (all its links are slow, not one partner's). With
    two nodes every pair involves both: the sender of a slow direction is named (rate
    limits act on egress); when both directions are slow, both nodes are named.
-3. **All-reduce** across every process, busbw as nccl-tests (``train.bench.bandwidth``).
+3. **All-reduce** across every process, timed as ``train bench comm`` times it
+   (``train.bench.comm_timing``: calls back to back between CUDA events on GPUs, the wall
+   time per call on CPU), busbw as nccl-tests (``train.bench.bandwidth``): the number a
+   declared ``busbw_GBps`` taken from ``train bench comm`` is compared with.
 
 Threshold: ``--min-fraction`` x ``--expect-busbw`` (the busbw the fabric YAML declares,
 ``core/fabrics/*.yaml: busbw_GBps``); with no declared value, ``--min-fraction`` x the
@@ -94,6 +97,7 @@ def measure(info, nbytes: int, iters: int) -> dict:
 
     from train import distributed as tdist
     from train.bench.bandwidth import busbw
+    from train.bench.comm_timing import Timer
 
     facts = _facts(info.local_rank)
     all_facts: list = [None] * info.world_size
@@ -119,28 +123,19 @@ def measure(info, nbytes: int, iters: int) -> dict:
     dist.all_gather_object(gathered, pairs)
     pair_s = {k: v for d in gathered for k, v in d.items()}
 
-    x = torch.ones(count, dtype=torch.float32, device=info.device)
+    x = torch.zeros(count, dtype=torch.float32, device=info.device)
     dist.all_reduce(x[:16384])
     tdist.barrier(info)
-    times = []
-    for _ in range(iters):
-        if info.device.type == "cuda":
-            torch.cuda.synchronize(info.device)
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        if info.device.type == "cuda":
-            torch.cuda.synchronize(info.device)
-        times.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=info.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    timer = Timer(info.device, iters=iters, warmup=1, max_seconds=2.0, batches=3)
+    ar = timer.measure(lambda: dist.all_reduce(x), set_up=False)  # set up by the slice above
     return {
         "facts": all_facts,
         "leaders": leaders,
         "bytes": count * 4,
         "pairs": [{"src": s, "dst": d, "src_host": all_facts[s]["host"], "dst_host": all_facts[d]["host"],
                    "seconds": v, "GBps": count * 4 / v / 1e9} for (s, d), v in sorted(pair_s.items())],
-        "all_reduce": {"seconds": float(t.item()), "busbw_GBps": busbw("all_reduce", count * 4, float(t.item()),
-                                                                       info.world_size)},
+        "all_reduce": {"seconds": ar.seconds(), "timing": "device_us" if timer.cuda else "host_us",
+                       "busbw_GBps": busbw("all_reduce", count * 4, ar.seconds(), info.world_size)},
     }
 
 

@@ -21,19 +21,35 @@ def test_bench_comm_gloo_writes_report(tmp_path):
         assert (out / f"comm_p2p.{suffix}").stat().st_size > 0
     data = json.loads((out / "comm.json").read_text())
     rows = [row for row in data["rows"] if "error" not in row]
-    assert data["meta"]["backend"] == "gloo" and data["meta"]["world_size"] == 2
-    assert {row["op"] for row in rows} >= set(OPS) | {"all_reduce (raw loop)"}
+    meta = data["meta"]
+    assert meta["backend"] == "gloo" and meta["world_size"] == 2
+    assert {row["op"] for row in rows} >= set(OPS)
     assert {row["bytes"] for row in rows if row["op"] == "all_reduce"} == {64, 2048, 65536}
+    # CPU: the host cost per call is the only timing column, and the bandwidths come from it
+    assert meta["bandwidth_from"] == "host_us" and "wall time of issuing" in meta["host_us"]
+    assert "device_us" not in meta and "graph_us" not in meta
     for row in rows:
-        assert row["time_us"] > 0 and row["iters"] >= 3
-        op = row["op"].split(" ")[0]
+        assert "device_us" not in row and "graph_us" not in row
+        assert row["host_us"] > 0 and 3 <= row["iters"] <= 4 and 1 <= row["batches"] <= 5
+        op = row["op"]
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * bus_factor(op, 2))
-        assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9)
-    ref = data["meta"]["raw_reference"]
-    assert ref["bytes"] == 65536 and ref["raw_busbw_GBps"] > 0
+        assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["host_us"] * 1e-6) / 1e9)
+    md = (out / "comm.md").read_text()
+    assert "| host_us |" in md and "device_us" not in md and "- host_us: µs of the calling Python thread" in md
+    ref = meta["raw_reference"]
+    assert ref["bytes"] == 65536 and ref["raw_busbw_GBps"] > 0 and ref["calls"] >= 3
     p2p = json.loads((out / "comm_p2p.json").read_text())["rows"]
     assert {(row["src"], row["dst"]) for row in p2p} == {(0, 1), (1, 0)}
+    assert all(row["host_us"] > 0 and row["bw_GBps"] > 0 for row in p2p)
     assert "busbw_GBps" in r.stdout and "raw loop" in r.stdout
+
+
+def test_bench_comm_graph_needs_cuda(tmp_path):
+    r = torchrun(["bench", "comm", "--backend", "gloo", "--graph", "--no-p2p", "--out", str(tmp_path / "bench")],
+                 timeout=120)
+    assert r.returncode != 0 and "exitcode: 2" in r.stderr
+    assert "--graph: CUDA graphs need CUDA GPUs and the nccl backend" in r.stderr and "train/bench" not in r.stderr
+    assert not (tmp_path / "bench").exists()
 
 
 def test_bench_comm_needs_torchrun(tmp_path):

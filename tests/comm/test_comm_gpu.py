@@ -21,13 +21,18 @@ def test_topk_pack_unpack_on_cuda_bf16():
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_bench_comm_nccl(tmp_path):
-    r = torchrun(["bench", "comm", "--max-bytes", "4M", "--factor", "16", "--p2p-bytes", "4M",
-                  "--dtype", "float32,bfloat16", "--out", str(tmp_path)], timeout=300)
+    r = torchrun(["bench", "comm", "--max-bytes", "128M", "--factor", "16", "--p2p-bytes", "4M",
+                  "--dtype", "float32,bfloat16", "--graph", "--out", str(tmp_path)], timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "comm.json").read_text())
-    assert data["meta"]["backend"] == "nccl"
+    assert data["meta"]["backend"] == "nccl" and data["meta"]["bandwidth_from"] == "device_us"
     assert not [row for row in data["rows"] if "error" in row]
-    assert data["meta"]["raw_reference"]["raw_busbw_GBps"] > 0
+    for row in data["rows"]:
+        assert row["device_us"] > 0 and row["graph_us"] > 0 and row["host_us"] > 0
+        assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["device_us"] * 1e-6) / 1e9)
+    # at 128 MiB the device time and a plain loop timed by the wall clock agree
+    ref = data["meta"]["raw_reference"]
+    assert ref["bytes"] == 128 << 20 and abs(ref["diff_pct"]) < 10, ref
 
 
 @pytest.mark.gpu

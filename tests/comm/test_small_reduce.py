@@ -79,8 +79,9 @@ def test_bench_comm_impl_latency_table_on_gloo(tmp_path):
     data = json.loads((tmp_path / "latency.json").read_text())
     assert data["meta"]["impls"] == ["nccl"] and data["meta"]["backend"] == "gloo"
     assert [row["bytes"] for row in data["rows"]] == [4096, 8192, 16384]
-    assert all(row["nccl_us"] > 0 and row["best"] == "nccl" and "error" not in row for row in data["rows"])
-    assert "nccl_us" in r.stdout and "best" in r.stdout
+    assert all(row["nccl_host_us"] > 0 and row["best"] == "nccl" and "error" not in row for row in data["rows"])
+    assert not [key for row in data["rows"] for key in row if "device" in key or "graph" in key]  # CPU: host only
+    assert "nccl_host_us" in r.stdout and "best" in r.stdout and "nccl_device_us" not in r.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -131,10 +132,13 @@ def test_symm_mem_one_shot_matches_nccl_on_2_gpus(tmp_path):
 @pytest.mark.multigpu
 def test_bench_comm_latency_nccl_vs_symm_mem(tmp_path):
     r = torchrun(["bench", "comm", "--impl", "nccl,symm_mem", "--min-bytes", "4K", "--max-bytes", "64K",
-                  "--factor", "4", "--out", str(tmp_path)], extra_env={"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"},
-                 timeout=240)
+                  "--factor", "4", "--graph", "--out", str(tmp_path)],
+                 extra_env={"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "latency.json").read_text())
     assert data["meta"]["impls"] == ["nccl", "one_shot", "two_shot"]
     assert not [row for row in data["rows"] if "error" in row], data["rows"]
-    assert all(row[f"{k}_us"] > 0 for row in data["rows"] for k in ("nccl", "one_shot", "two_shot"))
+    for row in data["rows"]:
+        for k in ("nccl", "one_shot", "two_shot"):
+            assert row[f"{k}_device_us"] > 0 and row[f"{k}_graph_us"] > 0 and row[f"{k}_host_us"] > 0
+        assert row["best"] in data["meta"]["impls"] and row["best_graph"] in data["meta"]["impls"]

@@ -3,25 +3,27 @@
 Run under torchrun (one process per GPU, or CPU processes with ``--backend gloo``)::
 
     torchrun --nproc-per-node 2 -m train bench comm --max-bytes 1G
+    torchrun --nproc-per-node 2 -m train bench comm --ops all_reduce,all_gather,reduce_scatter --min-bytes 8K --graph
     torchrun --nproc-per-node 2 -m train bench comm --emulate-link ethernet --ops all_reduce
 
 For every operation, dtype and message size (``--min-bytes`` .. ``--max-bytes``, times
-``--factor``): warm-up, then timed iterations; the time of an iteration is measured
-with CUDA events around the call on the current stream (``perf_counter`` on CPU), the
-median is taken per rank and the slowest rank's median is reported, with algbw and
-busbw as nccl-tests defines them (``train.bench.bandwidth``). Slow sizes get fewer
-iterations (``--max-seconds`` per size, at least 3), sized by the slowest rank's
-second call (the first sets up lazily) so that all ranks run the same collectives.
+``--factor``), the columns of ``train.bench.comm_timing``: ``device_us`` (``--iters`` calls
+back to back between one pair of CUDA events, as nccl-tests times them), ``graph_us``
+(with ``--graph``: the same calls in one CUDA graph, as nccl-tests ``-G``) and ``host_us``
+(what one call costs the Python thread; on CPU the only column). algbw and busbw as
+nccl-tests defines them (``train.bench.bandwidth``), from ``device_us`` on CUDA and
+``host_us`` on CPU. Slow sizes get fewer batches and calls (``--max-seconds`` per size,
+at least 3 calls), sized by the slowest rank's second call (the first sets up lazily) so
+that all ranks run the same collectives.
 
 Also: a P2P bandwidth matrix (send/recv between each ordered pair of ranks, the others
 idle) and a reference: all_reduce at the largest size timed by a plain loop over
-``dist.all_reduce`` (no events, no per-iteration bookkeeping) to check that the bench's
-machinery does not distort the number.
+``dist.all_reduce`` and one synchronize (no events, no per-batch bookkeeping) to check that
+the bench's machinery does not distort the number.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,59 +35,7 @@ import torch.distributed as dist
 from core.safety import parse_json
 from train.bench.comm_args import DTYPES, check_args, human
 from train.bench.bandwidth import OPS, algbw, busbw
-
-class _Clock:
-    """Per-iteration timing on the device; slowest-rank reductions."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-    def max_over_ranks(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
-    def wall(self, fn) -> float:
-        self.sync()
-        t0 = time.perf_counter()
-        fn()
-        self.sync()
-        return time.perf_counter() - t0
-
-    def per_iteration(self, fn, n: int) -> list[float]:
-        if not self.cuda:
-            out = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - t0)
-            return out
-        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for start, end in pairs:
-            start.record()
-            fn()
-            end.record()
-        self.sync()
-        return [s.elapsed_time(e) / 1e3 for s, e in pairs]
-
-
-def measure(clock: _Clock, fn, warmup: int, iters: int, max_seconds: float) -> tuple[float, int]:
-    """(slowest rank's median seconds per call, iterations timed)."""
-    fn()  # first call: lazy setup (e.g. NCCL's P2P connections), not timed
-    est = clock.max_over_ranks(clock.wall(fn))  # second: the estimate that sizes the rest
-    n_warm = max(0, min(warmup - 2, int(0.2 * max_seconds / max(est, 1e-9))))
-    n_iter = max(3, min(iters, int(0.8 * max_seconds / max(est, 1e-9))))
-    for _ in range(n_warm):
-        fn()
-    clock.sync()
-    times = clock.per_iteration(fn, n_iter)
-    return clock.max_over_ranks(statistics.median(times)), n_iter
-
+from train.bench.comm_timing import COLUMN_DOC, Timer, timing_columns
 
 def _op_callable(op: str, nbytes: int, dtype: torch.dtype, device, rank: int, world: int):
     """(fn, reported size in bytes, element count) or None when the size is too small."""
@@ -135,7 +85,7 @@ def raw_allreduce_reference(device, dtype: torch.dtype, nbytes: int, warmup: int
         dist.all_reduce(x)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    _Clock(device).max_over_ranks(0.0)  # start together
+    Timer(device).max_over_ranks(0.0)  # start together
     t0 = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(x)
@@ -147,8 +97,7 @@ def raw_allreduce_reference(device, dtype: torch.dtype, nbytes: int, warmup: int
     return float(t.item())
 
 
-def p2p_matrix(clock: _Clock, nbytes: int, device, rank: int, world: int, warmup: int, iters: int,
-               max_seconds: float) -> list[dict]:
+def p2p_matrix(timer: Timer, nbytes: int, device, rank: int, world: int) -> list[dict]:
     """Unidirectional send->recv bandwidth for every ordered pair (src, dst)."""
     count = max(1, nbytes // 4)
     buf = torch.zeros(count, dtype=torch.float32, device=device)
@@ -166,13 +115,25 @@ def p2p_matrix(clock: _Clock, nbytes: int, device, rank: int, world: int, warmup
             else:
                 def fn():
                     return None
-            sec, n = measure(clock, fn, warmup, iters, max_seconds)
-            rows.append({"src": src, "dst": dst, "bytes": count * 4, "iters": n, "time_us": sec * 1e6,
-                         "bw_GBps": algbw(count * 4, sec)})
+            t = timer.measure(fn)
+            rows.append({"src": src, "dst": dst, "bytes": count * 4, "iters": t.iters,
+                         p2p_time_column(timer.cuda): t.seconds() * 1e6, "bw_GBps": algbw(count * 4, t.seconds())})
     return rows
 
 
-SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps", "busbw_GBps"]
+def p2p_time_column(cuda: bool) -> str:
+    return "device_us" if cuda else "host_us"
+
+
+def sweep_columns(cuda: bool, graph: bool) -> list[str]:
+    return ["op", "dtype", "size", "count", "iters", *timing_columns(cuda, graph), "algbw_GBps", "busbw_GBps"]
+
+
+def timing_meta(cuda: bool, graph: bool, prefix: str = "") -> dict:
+    """What each timing column is (written above the table and into the JSON)."""
+    meta = {f"{prefix}{c}": COLUMN_DOC[c] for c in timing_columns(cuda, graph)}
+    meta["bandwidth_from"] = "device_us" if cuda else "host_us"
+    return meta
 
 
 @click.command("comm")
@@ -184,10 +145,13 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 @click.option("--min-bytes", default=None, help="Smallest message [default: 8; with --impl 4K].")
 @click.option("--max-bytes", default=None, help="Largest message [default: 1G; with --impl 4M].")
 @click.option("--factor", type=int, default=2, show_default=True, help="Size multiplier between steps.")
-@click.option("--warmup", type=int, default=5, show_default=True)
-@click.option("--iters", type=int, default=20, show_default=True)
+@click.option("--warmup", type=int, default=5, show_default=True, help="Untimed calls before each size.")
+@click.option("--iters", type=int, default=20, show_default=True,
+              help="Calls per timed batch (nccl-tests -n); 5 batches per size.")
 @click.option("--max-seconds", type=float, default=2.0, show_default=True,
-              help="Time cap per (op, dtype, size): fewer iterations (>= 3) for slow sizes.")
+              help="Time cap per (op, dtype, size): fewer batches and calls (>= 3) for slow sizes.")
+@click.option("--graph", is_flag=True,
+              help="Also time each batch captured in one CUDA graph (graph_us, as nccl-tests -G; CUDA only).")
 @click.option("--p2p/--no-p2p", default=True, show_default=True, help="P2P bandwidth matrix over all pairs.")
 @click.option("--p2p-bytes", default="256M", show_default=True)
 @click.option("--raw/--no-raw", default=True, show_default=True,
@@ -196,7 +160,8 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
               help="Set NCCL_P2P_DISABLE / NCCL_SHM_DISABLE before init (docs/communication.md).")
 @click.option("--impl", "impl", default=None,
               help="Small-message all-reduce latency instead of the sweep: comma list of nccl, symm_mem "
-                   "(symmetric-memory one-shot and two-shot kernels; CUDA only). See train/bench/latency.py.")
+                   "(symmetric-memory one-shot and two-shot kernels; CUDA only), timed as the sweep. "
+                   "See train/bench/latency.py.")
 @click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
 @click.option("--name", default=None, help="Report name (default: comm, comm_<link>, or latency with --impl).")
 @click.option("--recommend", is_flag=True,
@@ -206,7 +171,7 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 @click.option("--tflops", type=float, default=None,
               help="Achieved TFLOP/s per GPU for the recommendation (default: 40% of 989, H100/H200 bf16).")
 @click.option("--tokens-per-gpu", type=int, default=None, help="Tokens per GPU per step (default 8192).")
-def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p, p2p_bytes,
+def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, graph, p2p, p2p_bytes,
              raw, emulate_link, impl, out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> None:
     """Collective bandwidth sweep (nccl-tests style) + P2P matrix, or (--impl) small-message
     all-reduce latency of NCCL vs symmetric memory. Run under torchrun."""
@@ -217,7 +182,7 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     try:
         args = check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds,
                            p2p_bytes if p2p else None, impl, out_dir, name, recommend, apply_path, tflops,
-                           tokens_per_gpu)
+                           tokens_per_gpu, graph)
     except ValueError as exc:
         fail(str(exc), 2)
     from train.bench.report import claim_report
@@ -225,16 +190,18 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     claim_report(out_dir, name)
     info = _init(args["backend"], emulate_link)
     meta = {"command": " ".join(["train", *sys.argv[1:]]), "backend": args["backend"], "world_size": info.world_size}
+    timer = Timer(info.device, iters=iters, warmup=warmup, max_seconds=max_seconds, graph=graph)
     if args["impls"]:
-        _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta)
+        _latency(info, args, timer, out_dir, name, meta)
         return
     from train import distributed as tdist
 
     with tdist.group_teardown():
-        rows, p2p_rows, ref = _run(info, args["ops"], args["dtypes"], args["sizes"], warmup, iters, max_seconds,
+        rows, p2p_rows, ref = _run(info, timer, args["ops"], args["dtypes"], args["sizes"],
                                    args["p2p_bytes"] if p2p else 0, raw)
     if info.is_main:
-        _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name)
+        meta.update(timing_meta(timer.cuda, timer.graph))
+        _write_sweep(rows, p2p_rows, ref, meta, timer, emulate_link, out_dir, name)
         if args["recommend"]:
             _recommend(rows, info.world_size, tflops, tokens_per_gpu, apply_path, out_dir / f"{name}.json")
 
@@ -251,36 +218,34 @@ def _init(backend: str, emulate_link):
         fail(str(exc), 1)
 
 
-def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> None:
+def _latency(info, args, timer, out_dir, name, meta) -> None:
     from train import distributed as tdist
     from train.bench.latency import latency_rows, write_latency
     from train.bench.report import environment_meta
 
-    clock = _Clock(info.device)
     with tdist.group_teardown():
-        rows = latency_rows(info, args["impls"], args["sizes"], DTYPES[args["dtypes"][0]],
-                            lambda fn: measure(clock, fn, warmup, iters, max_seconds)[0], human)
+        rows = latency_rows(info, args["impls"], args["sizes"], DTYPES[args["dtypes"][0]], timer.measure, human)
     if info.is_main:
-        meta = {**environment_meta(), **meta, "timing": "median of per-iteration CUDA events, slowest rank"}
-        write_latency(rows, args["impls"], args["dtypes"][0], out_dir, name, meta)
+        meta = {**environment_meta(), **meta, **timing_meta(timer.cuda, timer.graph, "IMPL_")}
+        write_latency(rows, args["impls"], args["dtypes"][0], out_dir, name, meta,
+                      timing_columns(timer.cuda, timer.graph))
 
 
-def _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name) -> None:
+def _write_sweep(rows, p2p_rows, ref, meta, timer, emulate_link, out_dir, name) -> None:
     from train.bench.comm_charts import chart_p2p, chart_sweep
     from train.bench.report import environment_meta, write_report
     from train.bench.links import nccl_environment
 
     meta = {**environment_meta(), **meta, "emulate_link": emulate_link or "none",
-            "nccl_env": nccl_environment() or "defaults",
-            "timing": "median of per-iteration CUDA events (perf_counter on CPU), slowest rank"}
+            "nccl_env": nccl_environment() or "defaults"}
     if ref:
         meta["raw_reference"] = ref
-    table = write_report(out_dir, name, rows, SWEEP_COLUMNS + ["error"] * any("error" in r for r in rows),
-                         meta, chart=chart_sweep)
+    extra = [c for c in ("queued", "error") if any(c in r for r in rows)]
+    table = write_report(out_dir, name, rows, sweep_columns(timer.cuda, timer.graph) + extra, meta, chart=chart_sweep)
     click.echo(table)
     if p2p_rows:
         click.echo("")
-        p2p_cols = ["src", "dst", "bytes", "iters", "time_us", "bw_GBps"]
+        p2p_cols = ["src", "dst", "bytes", "iters", p2p_time_column(timer.cuda), "bw_GBps"]
         click.echo(write_report(out_dir, f"{name}_p2p", p2p_rows, p2p_cols, meta,
                                 chart=chart_p2p))
     if ref:
@@ -320,41 +285,53 @@ def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
                    + (f" (its previous version, comments included, is kept as {kept})" if kept else ""))
 
 
-def _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds, p2p_bytes, raw):
-    clock = _Clock(info.device)
-    world, rank = info.world_size, info.rank
+def _measure_row(timer: Timer, op: str, dname: str, nbytes: int, info) -> dict | None:
+    built = _op_callable(op, nbytes, DTYPES[dname], info.device, info.rank, info.world_size)
+    if built is None:
+        return None
+    fn, size, count = built
+    row = {"op": op, "dtype": dname, "size": human(size), "bytes": size, "count": count}
+    try:
+        t = timer.measure(fn)
+    except (RuntimeError, ValueError) as exc:  # e.g. a dtype the backend lacks
+        row.update(error=" ".join(str(exc).split())[:160])
+        return row
+    row.update(iters=t.iters, batches=t.batches, **t.columns(), algbw_GBps=algbw(size, t.seconds()),
+               busbw_GBps=busbw(op, size, t.seconds(), info.world_size))
+    if not t.queued:
+        row["queued"] = "no: the host issued slower than the GPU ran (device_us includes launch gaps)"
+    if t.graph_error:
+        row["error"] = t.graph_error
+    return row
+
+
+def _raw_reference(info, timer: Timer, rows: list[dict], dname: str) -> dict | None:
+    largest = [r for r in rows if r["op"] == "all_reduce" and r["dtype"] == dname and "busbw_GBps" in r]
+    if not largest:
+        return None
+    last = largest[-1]
+    calls = last["iters"] * last["batches"]
+    sec = raw_allreduce_reference(info.device, DTYPES[dname], last["bytes"], max(1, min(timer.warmup, calls // 4)),
+                                  calls)
+    raw_bus = busbw("all_reduce", last["bytes"], sec, info.world_size)
+    return {"dtype": dname, "bytes": last["bytes"], "calls": calls, "raw_time_us": sec * 1e6,
+            "bench_busbw_GBps": last["busbw_GBps"], "raw_busbw_GBps": raw_bus,
+            "diff_pct": 100.0 * (last["busbw_GBps"] / raw_bus - 1)}
+
+
+def _run(info, timer: Timer, op_list, dtype_list, sizes, p2p_bytes, raw):
     rows: list[dict] = []
     ref = None
     for op in op_list:
         for dname in dtype_list:
-            dtype = DTYPES[dname]
             for nbytes in sizes:
-                built = _op_callable(op, nbytes, dtype, info.device, rank, world)
-                if built is None:
-                    continue
-                fn, size, count = built
-                row = {"op": op, "dtype": dname, "size": human(size), "bytes": size, "count": count}
-                try:
-                    sec, n = measure(clock, fn, warmup, iters, max_seconds)
-                    row.update(iters=n, time_us=sec * 1e6, algbw_GBps=algbw(size, sec),
-                               busbw_GBps=busbw(op, size, sec, world))
-                except (RuntimeError, ValueError) as exc:  # e.g. a dtype the backend lacks
-                    row.update(error=" ".join(str(exc).split())[:160])
-                rows.append(row)
-                del fn
+                row = _measure_row(timer, op, dname, nbytes, info)
+                if row is not None:
+                    rows.append(row)
         if op == "all_reduce" and raw:
-            largest = [r for r in rows if r["op"] == "all_reduce" and r["dtype"] == dtype_list[0] and "busbw_GBps" in r]
-            if largest:
-                last = largest[-1]
-                sec = raw_allreduce_reference(info.device, DTYPES[dtype_list[0]], last["bytes"],
-                                              max(1, min(warmup, last["iters"] // 4)), last["iters"])
-                raw_bus = busbw("all_reduce", last["bytes"], sec, world)
-                rows.append({"op": "all_reduce (raw loop)", "dtype": dtype_list[0], "size": last["size"],
-                             "bytes": last["bytes"], "count": last["count"], "iters": last["iters"],
-                             "time_us": sec * 1e6, "algbw_GBps": algbw(last["bytes"], sec), "busbw_GBps": raw_bus})
-                ref = {"dtype": dtype_list[0], "bytes": last["bytes"], "bench_busbw_GBps": last["busbw_GBps"],
-                       "raw_busbw_GBps": raw_bus, "diff_pct": 100.0 * (last["busbw_GBps"] / raw_bus - 1)}
+            ref = _raw_reference(info, timer, rows, dtype_list[0])
     if info.device.type == "cuda":
         torch.cuda.empty_cache()
-    p2p_rows = p2p_matrix(clock, p2p_bytes, info.device, rank, world, warmup, iters, max_seconds) if p2p_bytes else []
+    p2p_timer = Timer(info.device, iters=timer.iters, warmup=timer.warmup, max_seconds=timer.max_seconds)
+    p2p_rows = p2p_matrix(p2p_timer, p2p_bytes, info.device, info.rank, info.world_size) if p2p_bytes else []
     return rows, p2p_rows, ref

@@ -49,7 +49,7 @@ def human(nbytes: int) -> str:
 
 
 def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, max_seconds, p2p_bytes, impl,
-                out_dir, name, recommend, apply_path, tflops, tokens_per_gpu) -> dict:
+                out_dir, name, recommend, apply_path, tflops, tokens_per_gpu, graph=False) -> dict:
     """Every argument checked before any process group exists (ValueError: usage error)."""
     from train.bench.latency import parse_impls
     from train.bench.report import NAME_MAX, REPORT_SUFFIXES, check_report, choice_list, comma_list
@@ -96,6 +96,8 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
     _check_fits(max(sizes), p2p, world, backend)
     if "symm_mem" in impls and backend != "nccl":  # nccl implies CUDA GPUs (checked above)
         raise ValueError("--impl symm_mem: needs CUDA GPUs and the nccl backend (symmetric memory is GPU memory)")
+    if graph and backend != "nccl":
+        raise ValueError("--graph: CUDA graphs need CUDA GPUs and the nccl backend (on CPU only host_us is measured)")
     return {"ops": op_list, "dtypes": dtype_list, "sizes": sizes, "p2p_bytes": p2p,
             "impls": impls, "backend": backend, "recommend": recommend}
 

@@ -12,9 +12,12 @@ many bytes through
 ``symm_mem`` in ``--impl`` means both symmetric-memory kernels. Multicast (NVLS, the
 ``multimem_*`` kernels) is never used; ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` is set to 1
 unless the environment sets it. Each implementation's first call is checked: the result
-must equal the sum over ranks of ``rank + 1``. Timing as the bandwidth sweep: CUDA events
-around each call, median per rank, the slowest rank's median (``train.bench.comm.measure``).
-Output: a table (size, one column of microseconds per implementation, best) and JSON.
+must equal the sum over ranks of ``rank + 1``. Every implementation is timed as the
+bandwidth sweep times a collective (``train.bench.comm_timing``): ``IMPL_device_us`` (calls
+back to back between one pair of CUDA events), ``IMPL_graph_us`` (with ``--graph``: the
+calls in one CUDA graph) and ``IMPL_host_us`` (the Python thread's cost per call; on CPU
+the only column). Output: a table (size, those columns per implementation, the fastest by
+device time, and with ``--graph`` by graph time) and JSON.
 """
 
 from __future__ import annotations
@@ -69,8 +72,8 @@ def _callables(kind: str, count: int, dtype, device):
 
 
 def latency_rows(info, impls: list[str], sizes: list[int], dtype, time_fn, size_label) -> list[dict]:
-    """One row per size: microseconds per implementation (``time_fn(fn)`` -> the slowest
-    rank's median seconds per call) and the fastest one."""
+    """One row per size: the timing columns of every implementation (``time_fn(fn)`` -> a
+    ``train.bench.comm_timing.Timing``) and the fastest one."""
     world = info.world_size
     expected = world * (world + 1) / 2
     elem = torch.empty((), dtype=dtype).element_size()
@@ -84,22 +87,36 @@ def latency_rows(info, impls: list[str], sizes: list[int], dtype, time_fn, size_
                 got = check()
                 if not bool((got == expected).all()):
                     raise RuntimeError(f"wrong sum: got {got.flatten()[0].item()}, want {expected}")
-                row[f"{kind}_us"] = time_fn(fn) * 1e6
+                timing = time_fn(fn)
+                row.update(timing.columns(f"{kind}_"))
+                if not timing.queued:
+                    row["note"] = f"{kind}: host issued slower than the GPU ran (device_us includes launch gaps)"
+                if timing.graph_error:
+                    row.setdefault("error", f"{kind}: {timing.graph_error}")
             except (RuntimeError, ValueError, TypeError) as exc:
-                row[f"{kind}_us"] = None
                 row.setdefault("error", f"{kind}: {' '.join(str(exc).split())[:150]}")
-        timed = {k: row[f"{k}_us"] for k in columns(impls) if row.get(f"{k}_us") is not None}
-        row["best"] = min(timed, key=timed.get) if timed else "-"
+        basis = "device_us" if info.device.type == "cuda" else "host_us"
+        row["best"] = _fastest(row, columns(impls), basis)
+        if any(f"{k}_graph_us" in row for k in columns(impls)):
+            row["best_graph"] = _fastest(row, columns(impls), "graph_us")
         rows.append(row)
     return rows
 
 
-def write_latency(rows: list[dict], impls: list[str], dtype_name: str, out_dir, name: str, meta: dict) -> None:
+def _fastest(row: dict, kinds: list[str], column: str) -> str:
+    timed = {k: row[f"{k}_{column}"] for k in kinds if row.get(f"{k}_{column}") is not None}
+    return min(timed, key=timed.get) if timed else "-"
+
+
+def write_latency(rows: list[dict], impls: list[str], dtype_name: str, out_dir, name: str, meta: dict,
+                  timing_columns: list[str]) -> None:
+    """The table: per timing column (device, graph, host), one column per implementation."""
     import click
 
     from train.bench.report import write_report
 
-    cols = ["size", *(f"{k}_us" for k in columns(impls)), "best"] + ["error"] * any("error" in r for r in rows)
+    cols = ["size", *(f"{k}_{t}" for t in timing_columns for k in columns(impls)), "best"]
+    cols += [c for c in ("best_graph", "note", "error") if any(c in r for r in rows)]
     meta = {**meta, "impls": columns(impls), "dtype": dtype_name,
             "multicast": "disabled (TORCH_SYMM_MEM_DISABLE_MULTICAST=1; no multimem kernels)"}
     click.echo(write_report(out_dir, name, rows, cols, meta))
