@@ -25,14 +25,17 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import torch
-import torch.distributed as dist
 
 from core.safety import parse_json
-from train.bench.comm_args import DTYPES, check_args, human
 from train.bench.bandwidth import OPS, algbw, busbw
+from train.bench.comm_args import DTYPES, check_args, human, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
+
 
 class _Clock:
     """Per-iteration timing on the device; slowest-rank reductions."""
@@ -42,10 +45,15 @@ class _Clock:
         self.cuda = device.type == "cuda"
 
     def sync(self) -> None:
+        import torch
+
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
     def max_over_ranks(self, value: float) -> float:
+        import torch
+        import torch.distributed as dist
+
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
@@ -58,6 +66,8 @@ class _Clock:
         return time.perf_counter() - t0
 
     def per_iteration(self, fn, n: int) -> list[float]:
+        import torch
+
         if not self.cuda:
             out = []
             for _ in range(n):
@@ -89,6 +99,9 @@ def measure(clock: _Clock, fn, warmup: int, iters: int, max_seconds: float) -> t
 
 def _op_callable(op: str, nbytes: int, dtype: torch.dtype, device, rank: int, world: int):
     """(fn, reported size in bytes, element count) or None when the size is too small."""
+    import torch
+    import torch.distributed as dist
+
     elem = torch.empty((), dtype=dtype).element_size()
     count = nbytes // elem
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -130,6 +143,9 @@ def _op_callable(op: str, nbytes: int, dtype: torch.dtype, device, rank: int, wo
 
 def raw_allreduce_reference(device, dtype: torch.dtype, nbytes: int, warmup: int, iters: int) -> float:
     """Seconds per ``dist.all_reduce`` of ``nbytes``: a plain loop, timed as a whole."""
+    import torch
+    import torch.distributed as dist
+
     x = torch.zeros(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=device)
     for _ in range(warmup):
         dist.all_reduce(x)
@@ -150,6 +166,9 @@ def raw_allreduce_reference(device, dtype: torch.dtype, nbytes: int, warmup: int
 def p2p_matrix(clock: _Clock, nbytes: int, device, rank: int, world: int, warmup: int, iters: int,
                max_seconds: float) -> list[dict]:
     """Unidirectional send->recv bandwidth for every ordered pair (src, dst)."""
+    import torch
+    import torch.distributed as dist
+
     count = max(1, nbytes // 4)
     buf = torch.zeros(count, dtype=torch.float32, device=device)
     rows = []
@@ -258,7 +277,7 @@ def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> Non
 
     clock = _Clock(info.device)
     with tdist.group_teardown():
-        rows = latency_rows(info, args["impls"], args["sizes"], DTYPES[args["dtypes"][0]],
+        rows = latency_rows(info, args["impls"], args["sizes"], torch_dtype(args["dtypes"][0]),
                             lambda fn: measure(clock, fn, warmup, iters, max_seconds)[0], human)
     if info.is_main:
         meta = {**environment_meta(), **meta, "timing": "median of per-iteration CUDA events, slowest rank"}
@@ -267,8 +286,8 @@ def _latency(info, args, warmup, iters, max_seconds, out_dir, name, meta) -> Non
 
 def _write_sweep(rows, p2p_rows, ref, meta, emulate_link, out_dir, name) -> None:
     from train.bench.comm_charts import chart_p2p, chart_sweep
-    from train.bench.report import environment_meta, write_report
     from train.bench.links import nccl_environment
+    from train.bench.report import environment_meta, write_report
 
     meta = {**environment_meta(), **meta, "emulate_link": emulate_link or "none",
             "nccl_env": nccl_environment() or "defaults",
@@ -321,13 +340,15 @@ def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
 
 
 def _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds, p2p_bytes, raw):
+    import torch
+
     clock = _Clock(info.device)
     world, rank = info.world_size, info.rank
     rows: list[dict] = []
     ref = None
     for op in op_list:
         for dname in dtype_list:
-            dtype = DTYPES[dname]
+            dtype = torch_dtype(dname)
             for nbytes in sizes:
                 built = _op_callable(op, nbytes, dtype, info.device, rank, world)
                 if built is None:
@@ -346,7 +367,7 @@ def _run(info, op_list, dtype_list, sizes, warmup, iters, max_seconds, p2p_bytes
             largest = [r for r in rows if r["op"] == "all_reduce" and r["dtype"] == dtype_list[0] and "busbw_GBps" in r]
             if largest:
                 last = largest[-1]
-                sec = raw_allreduce_reference(info.device, DTYPES[dtype_list[0]], last["bytes"],
+                sec = raw_allreduce_reference(info.device, torch_dtype(dtype_list[0]), last["bytes"],
                                               max(1, min(warmup, last["iters"] // 4)), last["iters"])
                 raw_bus = busbw("all_reduce", last["bytes"], sec, world)
                 rows.append({"op": "all_reduce (raw loop)", "dtype": dtype_list[0], "size": last["size"],

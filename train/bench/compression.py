@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 
 from core.safety import excerpt, parse_ascii_int, parse_finite_float
 from train.bench.stopping import Stopped, StopSignals
@@ -40,7 +39,8 @@ DEFAULT_VARIANTS = "none,fp16,powersgd:1,powersgd:4,powersgd:8,topk:0.01,localsg
 
 
 def variant_overrides(spec: str) -> tuple[str, list[str]]:
-    """``"powersgd:4"`` -> (``"powersgd r=4"``, ``[..., "comm.powersgd_impl=train"]``; ``powersgd-torch:R``: torch's hook)."""
+    """``"powersgd:4"`` -> (``"powersgd r=4"``, ``[..., "comm.powersgd_impl=train"]``;
+    ``powersgd-torch:R``: torch's hook)."""
     kind, _, arg = spec.strip().partition(":")
     if kind in ("none", "fp16", "bf16") and not arg:
         return kind, [f"comm.hook={kind}"]
@@ -59,7 +59,8 @@ def variant_overrides(spec: str) -> tuple[str, list[str]]:
     if kind == "localsgd":
         period = parse_ascii_int("--variants localsgd:PERIOD", arg or "4", 1, 1 << 16)
         return f"localsgd {period}", ["comm.hook=localsgd", f"comm.localsgd_period={period}"]
-    raise ValueError(f"--variants: unknown {excerpt(spec)} (none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD)")
+    raise ValueError(f"--variants: unknown {excerpt(spec)} "
+                     "(none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD)")
 
 
 def timing_window(steps: int, start_iter: int, period: int) -> tuple[int, int]:
@@ -211,7 +212,6 @@ def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: 
     from train import preflight
     from train.config import CONFIG_DIR, load_config
     from train.errors import ConfigError, DataError
-
     from train.models.presets import MODEL_PRESETS
 
     # Only a known preset names a file: '../x' or a name too long (is_file raised OSError) is model.name's error.
@@ -238,7 +238,6 @@ def _run_variants(jobs, info, runs_dir: Path, window, loss_window: int, out_dir:
     """One row per variant; rank 0 rewrites a partial report after each (what is done
     survives a time limit)."""
     from train.bench.report import write_report
-
     from train.config import TrainConfig
 
     rows: list[dict] = []
@@ -268,8 +267,8 @@ def _run_variants(jobs, info, runs_dir: Path, window, loss_window: int, out_dir:
 
 def _final_report(out_dir: Path, name: str, rows: list[dict], run_meta: dict) -> None:
     """The table on stdout, and NAME.json/.md/.png with how the numbers were made."""
-    from train.bench.report import environment_meta, write_report
     from train.bench.links import nccl_environment
+    from train.bench.report import environment_meta, write_report
 
     meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), **run_meta,
             "nccl_env": nccl_environment() or "defaults",
@@ -288,6 +287,8 @@ def _relative_to_none(rows: list[dict]) -> None:
 
 
 def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int, signals: StopSignals) -> dict:
+    import torch
+
     from train import distributed as tdist
     from train.metrics import read_metrics
     from train.rundir import move_aside

@@ -10,8 +10,6 @@ import click
 from core.safety import excerpt
 from train.console import fail, setup
 from train.errors import PrepareError
-from train.prepare.run import prepare
-
 
 MAX_SHARDS = 1_000_000
 
@@ -64,6 +62,8 @@ def data() -> None:
 @click.option("--keep-parts", is_flag=True, help="Keep OUT.parts/ after merging.")
 def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, online, keep_parts) -> None:
     """Tokenize text, JSONL, Parquet or datasets into a token file for data.source=file."""
+    from train.prepare.run import prepare  # numpy, tokenizers: not for --help
+
     setup()  # progress and resume lines on stderr (INFO)
     _check_not_empty(tokenizer, text_field, split, eos)
     try:
