@@ -6,6 +6,7 @@ tracebacks are for bugs only (set TRAIN_DEBUG=1 to see them for user errors too)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -60,12 +61,14 @@ class GuardedGroup(click.Group):
             fail(exc.format_message(), exc.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _quiet_on_closed_stdout():  # train --help | head
+            return super().make_context(info_name, args, parent, **extra)
+
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
-        except BrokenPipeError:  # stdout's reader went away (| head): end quietly, as a shell tool does
-            drop_stream(sys.stdout)
-            sys.exit(EXIT_CLOSED_PIPE)
+            with _quiet_on_closed_stdout():
+                return super().invoke(ctx)
         except InputError as exc:
             if os.environ.get("TRAIN_DEBUG"):
                 raise
@@ -75,6 +78,16 @@ class GuardedGroup(click.Group):
                 raise
             fail(f"input is not valid UTF-8 ({exc.reason} at byte {exc.start})", 2)
 
+
+
+@contextlib.contextmanager
+def _quiet_on_closed_stdout():
+    """stdout's reader went away (``| head``): end quietly with 141, as a shell tool does."""
+    try:
+        yield
+    except BrokenPipeError:
+        drop_stream(sys.stdout)
+        sys.exit(EXIT_CLOSED_PIPE)
 
 
 def _group_module():

@@ -203,12 +203,13 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 @click.option("--min-bytes", default=None, help="Smallest message [default: 8; with --impl 4K].")
 @click.option("--max-bytes", default=None, help="Largest message [default: 1G; with --impl 4M].")
 @click.option("--factor", type=int, default=2, show_default=True, help="Size multiplier between steps.")
-@click.option("--warmup", type=int, default=5, show_default=True)
-@click.option("--iters", type=int, default=20, show_default=True)
+@click.option("--warmup", type=int, default=5, show_default=True, help="Untimed iterations per size first.")
+@click.option("--iters", type=int, default=20, show_default=True,
+              help="Timed iterations per size (fewer when --max-seconds runs out).")
 @click.option("--max-seconds", type=float, default=2.0, show_default=True,
               help="Time cap per (op, dtype, size): fewer iterations (>= 3) for slow sizes.")
 @click.option("--p2p/--no-p2p", default=True, show_default=True, help="P2P bandwidth matrix over all pairs.")
-@click.option("--p2p-bytes", default="256M", show_default=True)
+@click.option("--p2p-bytes", default="256M", show_default=True, help="Message size of the P2P matrix (K/M/G suffixes).")
 @click.option("--raw/--no-raw", default=True, show_default=True,
               help="Plain-loop dist.all_reduce reference at the largest size.")
 @click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None,
@@ -216,7 +217,8 @@ SWEEP_COLUMNS = ["op", "dtype", "size", "count", "iters", "time_us", "algbw_GBps
 @click.option("--impl", "impl", default=None,
               help="Small-message all-reduce latency instead of the sweep: comma list of nccl, symm_mem "
                    "(symmetric-memory one-shot and two-shot kernels; CUDA only). See train/bench/latency.py.")
-@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path),
+              help="Directory of the report (NAME.json/.md/.png).")
 @click.option("--name", default=None, help="Report name (default: comm, comm_<link>, or latency with --impl).")
 @click.option("--recommend", is_flag=True,
               help="From the all_reduce busbw at the largest size: none, LocalSGD or PowerSGD (train/bench/advice.py).")

@@ -113,17 +113,20 @@ COLUMNS = ["variant", "step_ms", "speedup", "exposed_comm_ms", "MB_per_step", "t
 @click.option("--preset", default="350m", show_default=True, help="Model preset (model.name).")
 @click.option("--config", "config_path", default=None,
               help="Base config (file or preset name); default: train/configs/<preset>.yaml if it exists.")
-@click.option("--steps", type=int, default=30, show_default=True)
+@click.option("--steps", type=int, default=30, show_default=True, help="Training steps per variant (train.steps).")
 @click.option("--batch", type=int, default=None, help="Micro-batch per rank (train.batch_size).")
 @click.option("--seq", type=int, default=None, help="Sequence length (train.seq_len).")
-@click.option("--variants", default=DEFAULT_VARIANTS, show_default=True)
+@click.option("--variants", default=DEFAULT_VARIANTS, show_default=True,
+              help="Comma list: none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD.")
 @click.option("--start-iter", type=int, default=3, show_default=True,
               help="Plain DDP steps before compression / local SGD start (>= 2).")
 @click.option("--loss-window", type=int, default=5, show_default=True, help="Loss = mean over the last N steps.")
-@click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None)
+@click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None,
+              help="Set NCCL_P2P_DISABLE / NCCL_SHM_DISABLE before init (docs/communication.md).")
 @click.option("--measure/--no-measure", default=True, show_default=True,
               help="Exposed comm time and bytes (routes hook=none through torch's allreduce_hook).")
-@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path),
+              help="Directory of the report (NAME.json/.md/.png).")
 @click.option("--runs-dir", type=click.Path(path_type=Path), default=None,
               help="Where each variant's run (metrics.jsonl, log) goes; default: OUT/compression_runs.")
 @click.option("--name", default=None, help="Report name (default: compression, or compression_<link>).")

@@ -268,10 +268,12 @@ def _chart(ax, rows) -> None:
               help="Token source; file: a token file named by --set data.path=FILE.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every point.")
 @click.option("--plan", type=click.Path(path_type=Path, dir_okay=False), help="YAML list of grids to run.")
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
+              help="train.device of every point (auto: cuda when a GPU is visible).")
 @click.option("--timeout-s", default=900, show_default=True, type=click.IntRange(1, MAX_TIMEOUT_S),
               help="Process-group timeout (seconds, at most 7 days as train.timeout_s).")
-@click.option("--out", "out_dir", default="runs/bench-step", show_default=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default="runs/bench-step", show_default=True, type=click.Path(path_type=Path),
+              help="Directory of the report (NAME.json/.md/.png).")
 @click.option("--name", default="step", show_default=True, help="Report file name (NAME.json/.md/.png).")
 def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, data, overrides, plan, device,
              timeout_s, out_dir, name) -> None:
