@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 import pytest
-from testlib import ROOT, child_env, free_port, one_error_line, train_cli
 
+from testlib import ROOT, child_env, free_port, one_error_line, train_cli
 from train.spawn import failure_line
 
 WALK = """

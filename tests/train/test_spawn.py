@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 from testlib import ROOT, child_env, one_error_line, sets, torchrun, train_cli
-
 from train.metrics import read_metrics
 
 
@@ -17,9 +16,9 @@ def test_bad_config_is_one_line_before_any_worker(tmp_path):
     torchrun output (no worker was started), nothing written."""
     out = tmp_path / "run"
     res = train_cli(["run", "--nproc-per-node", "2", "--config", "1b", "--out", str(out),
-                     *sets("parallel.strategy=fsdp", "parallel.dp_shard=-1", "parallel.tp=3")])
+                     *sets("parallel.strategy=fsdp", "parallel.dp_shard=-1", "parallel.dp_shards=2")])
     assert res.returncode == 2, res.stderr[-3000:]
-    assert "parallel.tp" in one_error_line(res.stderr)
+    assert "parallel.dp_shards: unknown key" in one_error_line(res.stderr)
     assert len(res.stderr.strip().splitlines()) == 1 and "ChildFailedError" not in res.stderr
     assert not out.exists()
 

@@ -182,8 +182,7 @@ def run_point(point: dict, info, signals: StopSignals) -> dict:
     if job is None:
         return row
     signals.check(info)
-    cuda = info.device.type == "cuda"
-    if cuda:
+    if cuda := info.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(info.device)
         torch.cuda.reset_accumulated_memory_stats(info.device)  # num_alloc_retries: this point's own
@@ -212,8 +211,7 @@ def run_point(point: dict, info, signals: StopSignals) -> dict:
         row["step_ms"] = step_s * 1000
         row["tokens_per_s"] = tokens / step_s
         row["tokens_per_s_per_gpu"] = tokens / step_s / info.world_size
-        peak = trainer.metrics.peak_tflops
-        row["mfu"] = trainer.metrics.mfu(row["tokens_per_s_per_gpu"]) if peak else None
+        row["mfu"] = trainer.metrics.mfu(row["tokens_per_s_per_gpu"]) if trainer.metrics.peak_tflops else None
         if cuda:
             row.update(memory_columns(info, memory.delta))
         row["first_loss"], row["final_loss"] = losses[0], losses[-1]
