@@ -53,11 +53,17 @@ demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GP
 test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The tests that start no training processes: what to run while editing (make test runs them all).
-FAST_TESTS ?= tests/test_architecture.py tests/train/test_cli_ux.py tests/launch tests/doctor \
-	tests/docker/test_docker_files.py tests/train/test_config.py tests/train/test_model.py tests/train/test_loss.py \
-	tests/train/test_optim.py tests/train/test_data.py tests/comm/test_comm_formulas.py tests/comm/test_comm_advice.py \
-	tests/train/test_prepare_inputs.py
+# The quick subset (no training processes, no long shellcheck/Kubernetes sweeps): what to run while
+# editing; make test runs everything.
+FAST_TESTS ?= tests/test_architecture.py tests/train/test_cli_ux.py tests/train/test_config.py \
+	tests/train/test_model.py tests/train/test_optim.py tests/train/test_data.py \
+	tests/comm/test_comm_formulas.py tests/comm/test_comm_advice.py tests/docker/test_docker_files.py \
+	tests/doctor/test_doctor_driver_cuda.py tests/doctor/test_preflight_verdict.py tests/doctor/test_netplugin.py \
+	tests/launch/test_launch_cli.py tests/launch/test_launch_env_rules.py tests/launch/test_launch_quoting.py \
+	tests/launch/test_launch_preflight.py tests/launch/test_launch_fuzz_inputs.py \
+	tests/launch/test_launch_docker_runtime.py tests/launch/test_launch_safety.py \
+	tests/launch/test_launch_k8s_behaviour.py tests/launch/test_launch_container_out.py \
+	tests/launch/test_launch_slurm_options.py tests/launch/test_launch_golden.py
 
 test-fast: setup  ## the quick subset of the tests (no training processes), for use while editing
 	$(PY) -m pytest -q -p no:cacheprovider -m "not gpu and not multigpu and not container and not cluster" \
