@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from core.errors import SpecError
+from core.homepath import expand_home
 from core.safety import excerpt, file_kind, probe_path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -91,7 +92,8 @@ class Fabric:
 
 def _search_dirs(kind: str) -> list[Path]:
     env_var = PROFILE_PATH_ENV if kind == "profiles" else FABRIC_PATH_ENV
-    user = [Path(p) for p in os.environ.get(env_var, "").split(os.pathsep) if p]
+    where = f"environment {env_var}: directory"  # '~' expanded as in every path a user gives
+    user = [Path(expand_home(p, where)) for p in os.environ.get(env_var, "").split(os.pathsep) if p]
     return user + [PACKAGE_DIR / kind]
 
 

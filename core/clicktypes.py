@@ -4,7 +4,9 @@
   ``'²'``-like Unicode digits), finite numbers and bounded ranges; a bad value is a usage
   error (exit 2).
 * :func:`harden_click` - gives every integer/float option of a command tree these types and
-  every ``click.Path`` the control-character check, so a new option is covered by construction.
+  every ``click.Path`` the control-character check and ``~`` expansion, so a new option is
+  covered by construction; :class:`LocalPath` gives a text option naming a local path (or a
+  name) the same ``~`` rule.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import click
 
 from core.errors import InputError
+from core.homepath import expand_home
 from core.safety import control_chars, excerpt, parse_ascii_int, parse_finite_float
 
 
@@ -46,13 +49,33 @@ class StrictFloat(click.ParamType):
         return number
 
 
+def _expand(type_, value, param, ctx):
+    """``value`` with a leading ``~``/``~user`` expanded (:func:`core.safety.expand_home`)."""
+    try:
+        return expand_home(value, "")
+    except InputError as exc:  # click names the option: the message starts with the value
+        type_.fail(str(exc).strip(), param, ctx)
+
+
 class CleanPath(click.Path):
-    """click.Path refusing '' and control characters (a NUL makes ``os.stat`` raise), first."""
+    """click.Path refusing '' and control characters (a NUL makes ``os.stat`` raise), first;
+    a leading ``~`` is expanded as the shell does (``--out=~/x`` reaches us unexpanded)."""
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and (not value or control_chars(value)):  # '' would become Path('.')
             self.fail(f"{excerpt(value)}: control characters in a path" if value else "empty path", param, ctx)
-        return super().convert(value, param, ctx)
+        return super().convert(_expand(self, value, param, ctx), param, ctx)
+
+
+class LocalPath(click.ParamType):
+    """A path on this machine given as text (or a name: ``--config tiny``, ``--profile h100``):
+    unchanged, except a leading ``~``/``~user``, expanded as the shell does at the start of a word
+    (it does not in ``--opt=~/x``). The option's own checks (empty, missing...) follow."""
+
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        return _expand(self, value, param, ctx)
 
 
 def harden_click(command) -> None:

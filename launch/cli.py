@@ -15,7 +15,7 @@ import click
 from core import limits
 from launch import defaults
 from core.errors import InputError, SpecError
-from core.clicktypes import StrictFloat, StrictInt, harden_click
+from core.clicktypes import LocalPath, StrictFloat, StrictInt, harden_click
 from core.safety import one_line
 
 PROG = "launch"
@@ -51,9 +51,9 @@ def _warn(message: str) -> None:
 def job_options(func):
     """The job description: the same option names on every subcommand."""
     options = [
-        click.option("--profile", default=defaults.PROFILE, show_default=True, metavar="NAME|FILE.yaml",
+        click.option("--profile", default=defaults.PROFILE, show_default=True, metavar="NAME|FILE.yaml", type=LocalPath(),
                      help="Hardware profile (see `launch profiles`)."),
-        click.option("--fabric", default=None, metavar="NAME|FILE.yaml",
+        click.option("--fabric", default=None, metavar="NAME|FILE.yaml", type=LocalPath(),
                      help="Network fabric; default from the profile (single-node or multi-node)."),
         click.option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
                      help="Node count, or MIN:MAX for an elastic job."),
@@ -61,7 +61,7 @@ def job_options(func):
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
         click.option("--image", default=None, help=f"Container image; default {defaults.IMAGE_REPOSITORY}:<image target>."),
         click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
-        click.option("-o", "--output", default=None, metavar="FILE",
+        click.option("-o", "--output", default=None, metavar="FILE", type=LocalPath(),
                      help="Write here (atomically) instead of stdout."),
         click.option("--rdzv-endpoint", default=None, metavar="HOST[:PORT]",
                      help="c10d rendezvous host for multi-node torchrun/docker scripts."),

@@ -11,6 +11,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from core.errors import SpecError
+from core.homepath import refuse_home
 from core.safety import excerpt
 from launch.spec import check_exec_string, reject_nul
 
@@ -31,6 +32,9 @@ def parse_entrypoint(value: str) -> tuple[str, ...]:
     # script name that starts with '-' would be one of them (`python -m --nproc-per-node=64 x`)
     args = program_args(tokens)
     program = args[1] if args[0] in ("-m", "--no-python") else args[0]
+    refuse_home(tokens[0], "--entrypoint program", SpecError)
+    if args[0] != "-m":  # a script path (a module name never starts with '~')
+        refuse_home(program, "--entrypoint script", SpecError)
     if not program.strip() or program.startswith("-"):
         raise SpecError(f"--entrypoint {excerpt(value)}: the module or script name {excerpt(program)} "
                         "must not be empty or start with '-' (torchrun would read it as its own option)")

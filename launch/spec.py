@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from launch import defaults
 from launch.envnames import check_env_name, check_unique_env
 from core.errors import SpecError
+from core.homepath import refuse_home
 from core.safety import NAME_MAX, canonical_path, control_chars, excerpt, longest_name, reserved_path, within
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
@@ -296,6 +297,7 @@ def reserved_job_path(path: str, writable: bool = True) -> bool:
 def check_path(option: str, path: str, writable: bool = True) -> str:
     reject_control_chars(option, path)
     reject_long_names(option, path)
+    refuse_home(path, option, SpecError)
     if not path.startswith("/"):
         raise SpecError(f"{option} {excerpt(path)}: must be an absolute path")
     if "," in path or ":" in path:

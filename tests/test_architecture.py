@@ -4,7 +4,7 @@ The import graph and the size limits are computed in one place, scripts/check_ar
 (also a command); an import counts wherever it stands (module level or inside a function).
 "Upward" means, concretely:
 
-* a leaf module (``LEAVES``: errors, console, paths, compat, defaults, envnames, safety, clicktypes) imports no
+* a leaf module (``LEAVES``: errors, console, paths, compat, defaults, envnames, safety, homepath, clicktypes) imports no
   module of ``train`` or ``launch`` except other leaves;
 * no module imports a package aggregator above it: a package's ``__init__`` (``train``,
   ``train.parallel``, ``launch.backends`` ...) is never imported from inside that package
@@ -32,7 +32,7 @@ from testlib import ROOT, load_script
 arch = load_script("check_architecture")
 
 LEAVES = {"train.errors", "train.console", "train.paths", "train.compat", "launch.defaults", "launch.envnames",
-          "core.errors", "core.limits", "core.safety", "core.clicktypes", "core.runlayout"}
+          "core.errors", "core.limits", "core.safety", "core.homepath", "core.clicktypes", "core.runlayout"}
 DOC = ROOT / "docs" / "architecture.md"
 
 
@@ -110,7 +110,7 @@ def test_core_never_imports_torch():
     assert mods and {m: names for m, names in bad.items() if names} == {}
 
 
-def test_no_file_over_450_lines_and_no_function_over_60():
+def test_no_file_over_800_lines_and_no_function_over_80():
     assert arch.EXCLUDED == ("tests/launch/golden/",)  # generated data only
     files = arch.source_files(ROOT, suffixes=arch.SOURCE_SUFFIXES)
     assert len(files) > 200

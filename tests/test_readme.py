@@ -5,16 +5,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _block(text: str) -> str:
-    b = text.index("<!-- bad-inputs:begin")
-    e = text.index("<!-- bad-inputs:end")
-    return text[b:e]
-
-
-def test_readme_bad_input_table_is_the_generated_one():
-    assert _block((ROOT / "README.md").read_text()) == _block((ROOT / "docs" / "bad-inputs.md").read_text())
-
-
 def test_readme_names_the_two_setup_commands_and_ci_runs_make_test():
     readme = (ROOT / "README.md").read_text()
     assert "make demo" in readme and "make test" in readme

@@ -25,6 +25,24 @@ def load_script(name: str):
     return module
 
 
+def cxx_compiler() -> str | None:
+    """The C++ compiler Inductor would use on the CPU ($CXX, g++, c++, clang++), or None."""
+    import shutil
+
+    return next((shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c and shutil.which(c)),
+                None)
+
+
+NO_CXX = "Inductor on the CPU compiles C++: no C++ compiler on PATH"
+
+
+def needs_cxx():
+    """A skipif marker for tests that run Inductor on the CPU (it compiles C++ at run time)."""
+    import pytest
+
+    return pytest.mark.skipif(cxx_compiler() is None, reason=NO_CXX)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -211,12 +229,13 @@ def load_dcp(ckpt: Path, prefix: str = "") -> dict:
     """The tensors of a DCP checkpoint whose keys start with ``prefix`` (``"model."``: the
     model's; ``""``: model and optimizer), loaded without a process group."""
     import torch
-    import torch.distributed.checkpoint as dcp
 
-    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    from train import dcp_safe
+
+    meta = dcp_safe.load_metadata(ckpt / dcp_safe.METADATA_FILE)
     state = {k: torch.empty(v.size, dtype=v.properties.dtype)
              for k, v in meta.state_dict_metadata.items() if k.startswith(prefix) and hasattr(v, "size")}
-    dcp.load(state, checkpoint_id=str(ckpt))
+    dcp_safe.load(state, ckpt)
     return state
 
 

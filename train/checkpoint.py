@@ -24,9 +24,10 @@ when one cannot be loaded. If none loads, or every step directory fails verifica
 that is an error: the job never silently starts from scratch next to checkpoints it could
 not read (and so never lets retention delete them).
 
-Per-rank state is read with ``torch.load(weights_only=True)``: it holds tensors and
-plain Python containers only (the numpy RNG state is stored as a tensor), so loading a
-checkpoint cannot run code from the file. State registered in ``extra_state`` by other
+Nothing read back runs code from the files: DCP's ``.metadata`` pickle goes through an
+allow-list unpickler and DCP's non-tensor entries through ``torch.load(weights_only=True)``
+(:mod:`train.dcp_safe`); per-rank state is read with ``torch.load(weights_only=True)``: it
+holds tensors and plain Python containers only (the numpy RNG state is stored as a tensor). State registered in ``extra_state`` by other
 components must follow that rule.
 
 This module is the storage: what is in a checkpoint is assembled by the ``Stateful``
@@ -64,6 +65,7 @@ from core.safety import (
     check_output_target,
     parse_json,
 )
+from train import dcp_safe
 from train import distributed as tdist
 from train.checkpoint_files import (
     STEP_RE,
@@ -394,13 +396,15 @@ class CheckpointManager:
     def load(self, ckpt: Path, model, optimizer) -> dict[str, Any]:
         """Load model/optimizer (resharding as needed) and return this rank's extra state."""
         try:  # fail here with one clear line rather than in DCP, which logs tracebacks first
-            dcp.FileSystemReader(str(ckpt)).read_metadata()
+            dcp_safe.load_metadata(ckpt / dcp_safe.METADATA_FILE)
+        except dcp_safe.UnsafeCheckpoint:
+            raise
         except Exception as exc:  # noqa: BLE001 - any reason means unreadable
             raise CheckpointError(f"{ckpt / '.metadata'} is unreadable ({type(exc).__name__}: {exc})") from None
         shards = ModelOptimizer(model, optimizer)
         state = shards.state_dict()
         with tdist.collective("checkpoint load (DCP)"):
-            dcp.load(state, checkpoint_id=str(ckpt))
+            dcp_safe.load(state, ckpt)
         shards.load_state_dict(state)
         own = ckpt / f"extra_rank{self.rank}.pt"
         path = own if own.is_file() else ckpt / "extra_rank0.pt"

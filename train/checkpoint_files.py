@@ -12,10 +12,9 @@ import shutil
 import stat
 from pathlib import Path
 
-import torch.distributed.checkpoint as dcp
-
 from core.errors import InputError
 from core.safety import excerpt, file_kind, parse_json
+from train import dcp_safe
 
 
 _STEP = r"step_(\d{8})"
@@ -118,7 +117,9 @@ def read_pointer(root: Path) -> tuple[str | None, str | None]:
 
 def unreadable_metadata(ckpt: Path) -> str | None:
     try:
-        dcp.FileSystemReader(str(ckpt)).read_metadata()
+        dcp_safe.load_metadata(ckpt / dcp_safe.METADATA_FILE)
+    except dcp_safe.UnsafeCheckpoint as exc:  # named: never loaded, whatever else is wrong with it
+        return f".metadata {str(exc).split(': ', 1)[-1]}"
     except Exception as exc:  # noqa: BLE001 - any reason means unreadable
         return f".metadata is unreadable ({type(exc).__name__})"
     return None

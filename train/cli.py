@@ -14,11 +14,12 @@ from pathlib import Path
 
 import click
 
-from core.clicktypes import StrictInt, harden_click
+from core.clicktypes import LocalPath, StrictInt, harden_click
 from core.errors import InputError
 from train.config import SEED_MAX
 from train.console import drop_stream, fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError, DataError
+from train.paths import expand_path_env
 from train.spawn import check_launcher, launcher_options, worker_args
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class GuardedGroup(click.Group):
 
     def invoke(self, ctx):
         try:
+            expand_path_env()  # '~' in XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR...: as in every path given
             with _quiet_on_closed_stdout():
                 return super().invoke(ctx)
         except InputError as exc:
@@ -103,10 +105,10 @@ def main() -> None:
 
 
 @main.command("run")
-@click.option("--config", "config_path", default="tiny", show_default=True,
+@click.option("--config", "config_path", default="tiny", show_default=True, type=LocalPath(),
               help="YAML file, or a preset name from train/configs (tiny, debug, ...).")
 @click.option("--steps", type=StrictInt(1), help="Training steps (train.steps).")
-@click.option("--out", "out_dir", default="runs/latest", show_default=True,
+@click.option("--out", "out_dir", default="runs/latest", show_default=True, type=LocalPath(),
               help="Run directory: metrics.jsonl, config.yaml, checkpoints/ (one run at a time: locked).")
 @click.option("--resume", is_flag=True, help="Continue from the latest complete checkpoint in --out.")
 @click.option("--overwrite", is_flag=True,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InputError, YamlSyntaxError
+from core.homepath import expand_home
 from core.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float, probe_path
 from train.comm.config import CommConfig
 from train.errors import ConfigError
@@ -38,11 +39,16 @@ SEED_MAX = 2**32 - 1  # numpy's SeedSequence and torch.manual_seed(seed + 1000 *
 LOSS_MODES = ("auto", "eager", "compiled", "chunked")  # train.loss, see train/loss.py
 
 
+# A field naming a path on this machine: a leading ``~``/``~user`` is expanded when the config is
+# read (YAML and --set alike), as a shell would (it does not inside ``--set key=~/x`` or YAML).
+PATH = {"path": True}
+
+
 @dataclass
 class DataConfig:
     source: str = "embedded"  # embedded | file | synthetic
-    path: str = ""  # token file for source=file (a .json metadata file sits beside it)
-    cache_dir: str = ""  # where the embedded corpus is cached ("" = ~/.cache/hopper-train)
+    path: str = field(default="", metadata=PATH)  # token file for source=file (a .json metadata file sits beside it)
+    cache_dir: str = field(default="", metadata=PATH)  # where the embedded corpus is cached ("" = ~/.cache/hopper-train)
     embedded_mb: int = 8  # size cap of the embedded corpus, MiB of source text
     # source=file: the tokenizer the file must have been prepared with (`train data prepare
     # --tokenizer` value, or a sha256 prefix of >= 8 hex digits); "" = not checked
@@ -159,7 +165,7 @@ class MetricsConfig:
     tensorboard: bool = False
     progress: bool = True  # rank-0 progress bar
     trace_steps: str = ""  # "A:B": torch.profiler trace of steps A..B per rank (OUT/traces/), see train/trace.py
-    prometheus_file: str = ""  # Prometheus textfile (relative: under OUT), rewritten atomically per logged step
+    prometheus_file: str = field(default="", metadata=PATH)  # Prometheus textfile (relative: under OUT), rewritten per logged step
     wandb: bool = False  # log the same rows to Weights & Biases (needs the wandb extra)
     wandb_project: str = "hopper-train"
 
@@ -280,7 +286,8 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(type(obj))
-    names = {f.name for f in dataclasses.fields(obj)}
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    names = set(fields)
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if not isinstance(key, str) or key not in names:
@@ -290,7 +297,13 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
         if dataclasses.is_dataclass(current):
             _apply(current, value, f"{dotted}.")
         else:
-            setattr(obj, key, _coerce(value, hints[key], dotted))
+            value = _coerce(value, hints[key], dotted)
+            if fields[key].metadata.get("path"):
+                try:
+                    value = expand_home(value, dotted)
+                except InputError as exc:
+                    raise ConfigError(str(exc)) from None
+            setattr(obj, key, value)
 
 
 def _apply_model_preset(cfg: JobConfig, model_section: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from launch.commandline import (
 )
 from core.errors import SpecError
 from launch.render import Shell, group_args, header_lines
+from core.homepath import refuse_home
 from core.safety import excerpt
 from launch.spec import JobSpec, reject_control_chars, reject_long_names
 
@@ -28,6 +29,7 @@ def parse_venv(value: str | None) -> str | None:
         return None
     reject_control_chars("--venv", value)
     reject_long_names("--venv", value)
+    refuse_home(value, "--venv", SpecError)
     if not value.startswith("/") or ":" in value:
         raise SpecError(f"--venv {excerpt(value)}: an absolute directory path without ':'")
     return value.rstrip("/") or "/"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from testlib import FSDP, gloo_runs, load_job, spawn
+from testlib import FSDP, gloo_runs, load_job, needs_cxx, spawn
 
 TP = FSDP + ["parallel.tp=2", "train.batch_size=8", "model.n_layers=1", "train.steps=2",
            "parallel.compile_backend=aot_eager"]
@@ -197,6 +197,7 @@ def _blocks_run(skip_last: int | None, tmp_path) -> tuple[list[int], dict, int]:
     return saved_bytes, {n: p.grad.clone() for n, p in model.named_parameters()}, counters["stats"]["unique_graphs"]
 
 
+@needs_cxx()
 def test_activation_budget_skips_the_last_blocks(tmp_path, monkeypatch):
     """parallel.activation_memory_budget_skip_last=2: the first two blocks are compiled under the
     budget (their norm outputs and SwiGLU product recomputed in backward, less saved), the last

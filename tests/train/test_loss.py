@@ -7,15 +7,13 @@ parallel.sdpa_gqa."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from testlib import TRAJECTORY_STRATEGIES, assert_same_trajectory, rank0_result
+from testlib import NO_CXX, TRAJECTORY_STRATEGIES, assert_same_trajectory, cxx_compiler, rank0_result
 
 import train.loss as loss_mod
 from train.config import load_config
@@ -88,8 +86,8 @@ def test_chunked_bf16_weight_keeps_dtypes():
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_cross_entropy_matches_eager(monkeypatch, backend):
-    if backend == "inductor" and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c):
-        pytest.skip("Inductor on the CPU compiles C++: no C++ compiler on PATH")
+    if backend == "inductor" and cxx_compiler() is None:
+        pytest.skip(NO_CXX)
     monkeypatch.setattr(loss_mod, "COMPILE_BACKEND", backend)
     h, w, t = _data()
     logits = (h @ w.t()).bfloat16()

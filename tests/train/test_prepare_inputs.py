@@ -140,3 +140,50 @@ def test_data_path_naming_a_directory_is_one_line(tmp_path, value):
                      "--set", "data.source=file", "--set", f"data.path={value}"])
     line = one_error_line(res.stderr)
     assert res.returncode == 2 and line.startswith("error: data.path"), line
+
+
+# ----------------------------------------------------------------------------- an input given twice
+
+
+@pytest.mark.parametrize("how", ["same-name", "dot-slash", "symlink", "hardlink", "dir-and-file-in-it",
+                                 "dir-twice-by-two-names", "file-via-dir-link"])
+def test_an_input_given_twice_is_refused_and_nothing_is_written(tmp_path, how):
+    tok = _word_level(tmp_path / "tok" / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    a = corpus / "a.txt"
+    a.write_text("hello world\n")
+    (corpus / "b.txt").write_text("world hello\n")
+    first, second = {
+        "same-name": (str(a), str(a)),
+        "dot-slash": (str(a), f"{corpus}/./a.txt"),
+        "symlink": (str(a), str(_link(tmp_path / "l.txt", a))),
+        "hardlink": (str(a), str(_hard(tmp_path / "h.txt", a))),
+        "dir-and-file-in-it": (str(corpus), str(a)),
+        "dir-twice-by-two-names": (str(corpus), str(_link(tmp_path / "c2", corpus))),
+        "file-via-dir-link": (str(_link(tmp_path / "c3", corpus) / "a.txt"), str(corpus)),
+    }[how]
+    res = _prepare(tmp_path, tok, [first, second])
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "input" in lines[0] and ("given twice" in lines[0] or "also read through" in lines[0]), lines[0]
+    assert not (tmp_path / "out.bin").exists() and not (tmp_path / "out.json").exists()
+
+
+def test_distinct_inputs_with_equal_contents_are_both_read(tmp_path):
+    """Two different files (equal text) are two inputs: only the same file twice is refused."""
+    tok = _word_level(tmp_path / "tok" / "tokenizer.json", {"[UNK]": 0, "hello": 1, "world": 2})
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("hello world\n")
+    res = _prepare(tmp_path, tok, [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")])
+    assert res.returncode == 0, res.stderr
+
+
+def _link(path: Path, target: Path) -> Path:
+    path.symlink_to(target)
+    return path
+
+
+def _hard(path: Path, target: Path) -> Path:
+    os.link(target, path)
+    return path

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import click
 
+from core.clicktypes import LocalPath
 from core.safety import excerpt, parse_ascii_int, parse_finite_float
 from train.bench.stopping import Stopped, StopSignals
 from train.console import fail, setup
@@ -111,7 +112,7 @@ COLUMNS = ["variant", "step_ms", "speedup", "exposed_comm_ms", "MB_per_step", "t
 
 @click.command("compression")
 @click.option("--preset", default="350m", show_default=True, help="Model preset (model.name).")
-@click.option("--config", "config_path", default=None,
+@click.option("--config", "config_path", default=None, type=LocalPath(),
               help="Base config (file or preset name); default: train/configs/<preset>.yaml if it exists.")
 @click.option("--steps", type=int, default=30, show_default=True, help="Training steps per variant (train.steps).")
 @click.option("--batch", type=int, default=None, help="Micro-batch per rank (train.batch_size).")

@@ -12,9 +12,9 @@ chosen when the graph is traced, i.e. at the first call, which happens inside th
 context; dynamo does not guard on these flags, so a compiled block keeps the kernel it
 was traced with (``train bench step`` resets dynamo between points).
 
-``sdpa_gqa=native`` sets ``Attention.native_gqa`` on the model's attention modules (SDPA's
-``enable_gqa=True``: the KV heads are not copied per query head, so neither the copies nor
-their backward reduction exist); ``repeat`` (default) keeps ``repeat_interleave``.
+``sdpa_gqa=native`` (the default) sets ``Attention.native_gqa`` on the model's attention
+modules (SDPA's ``enable_gqa=True``: the KV heads are not copied per query head, so neither
+the copies nor their backward reduction exist); ``repeat`` keeps ``repeat_interleave``.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from core.clicktypes import LocalPath
 from core.safety import excerpt
 from train.console import fail, setup
 from train.errors import PrepareError
@@ -48,8 +49,8 @@ def data() -> None:
 
 
 @data.command("prepare")
-@click.argument("inputs", nargs=-1, required=True)
-@click.option("--tokenizer", required=True,
+@click.argument("inputs", nargs=-1, required=True, type=LocalPath())
+@click.option("--tokenizer", required=True, type=LocalPath(),
               help="tokenizer.json, a directory with one, or a Hugging Face name (from the local cache unless --online).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Token file to write (OUT.json beside it).")
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,

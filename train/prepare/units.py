@@ -83,11 +83,15 @@ def _dataset_files(ds, what: str, split: str | None) -> list[str]:
 def check_inputs(inputs: list[str]) -> None:
     """Every local input names a regular file or a directory (checked before the tokenizer
     loads): a name too long for the file system is one line (``exists()`` raised OSError), a
-    FIFO named a.txt is refused (reading it blocked forever), so are devices and sockets."""
-    for item in inputs:
+    FIFO named a.txt is refused (reading it blocked forever), so are devices and sockets. An input
+    given twice - by the same name or through another path to the same file or directory (``./a.txt``,
+    a link, a hard link) - is refused: it would be tokenized twice."""
+    given: dict = {}
+    for index, item in enumerate(inputs):
         if not item.strip():  # Path('') is the current directory: never what an empty name meant
             raise PrepareError(f"input {excerpt(item)}: empty name")
         if item.startswith("hf:"):
+            _once(given, ("hf", item), index, item)
             continue
         st = probe_path(item, "input")
         if st is None:
@@ -99,6 +103,29 @@ def check_inputs(inputs: list[str]) -> None:
         if real == "/" or within(real, (*KERNEL_TREES, "/dev")):
             raise PrepareError(f"input {excerpt(item)}: {excerpt(real)} is the root or a kernel file system, "
                                "not a corpus")
+        _once(given, (st.st_dev, st.st_ino), index, item)
+
+
+def _once(seen: dict, key, index: int, item: str, file: str | None = None) -> None:
+    """Record ``key`` (a file's device and inode, an ``hf:`` name) as read through input number
+    ``index`` (``item``); from another input it is a PrepareError naming both (``file``: the file
+    inside a directory input)."""
+    first_index, first = seen.setdefault(key, (index, item))
+    if first_index == index:
+        return
+    if file is None:
+        raise PrepareError(f"input {excerpt(item)}: the same input as {excerpt(first)} (given twice); give each "
+                           "input once")
+    raise PrepareError(f"input {excerpt(item)}: {excerpt(file)} is also read through input {excerpt(first)}; "
+                       "give each file once")
+
+
+def _claim(seen: dict, units: list[Unit], index: int, item: str) -> list[Unit]:
+    """``units`` of files not read through another input (else a PrepareError, see :func:`_once`)."""
+    for path in dict.fromkeys(u.path for u in units):
+        st = os.stat(path)
+        _once(seen, (st.st_dev, st.st_ino), index, item, path)
+    return units
 
 
 def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: int,
@@ -107,13 +134,14 @@ def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: 
     into ``chunk_bytes`` ranges, Arrow files into ``arrow_rows`` rows. The local inputs were
     checked by :func:`check_inputs` first."""
     units: list[Unit] = []
-    for item in inputs:
+    seen: dict = {}  # every file once, whichever input reaches it (a directory and a file in it)
+    for index, item in enumerate(inputs):
         if item.startswith("hf:"):
-            units += _arrow_units(_hub_dataset(item, split, online), arrow_rows)
+            units += _claim(seen, _arrow_units(_hub_dataset(item, split, online), arrow_rows), index, item)
             continue
         path = Path(item)
         if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
-            units += _arrow_units(_saved_dataset(item, path, split), arrow_rows)
+            units += _claim(seen, _arrow_units(_saved_dataset(item, path, split), arrow_rows), index, item)
             continue
         try:
             files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
@@ -128,7 +156,7 @@ def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: 
                     raise PrepareError(f"input {f}: unsupported type {f.suffix.lower() or '(no suffix)'} (use .txt, "
                                        ".md, .jsonl, .parquet, .arrow, a datasets directory or hf:NAME)")
                 continue
-            units += file_units
+            units += _claim(seen, file_units, index, item)
             found += 1
         if path.is_dir() and not found:
             raise PrepareError(f"input {item}: directory holds no .txt/.md/.jsonl/.parquet/.arrow file")
