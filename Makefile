@@ -21,10 +21,10 @@ PYTEST_ARGS ?=
 # python already has setuptools (NGC images do).
 PIP_FLAGS ?=
 
-.PHONY: help setup demo test test-cluster lint render-k8s clean-venv
+.PHONY: help setup demo test test-fast test-cluster lint render-k8s clean-venv
 
-help:  ## list targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+help:  ## list targets (this file and docker/docker.mk)
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	@if [ ! -x "$(PY)" ]; then \
@@ -48,11 +48,30 @@ setup: $(VENV)/.installed  ## create .venv and install the project (idempotent)
 
 demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GPUs: one process per GPU, NCCL + bf16)
 	@echo "demo: $(NPROC) processes, output in $(DEMO_OUT)"
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m torch.distributed.run --standalone --nproc-per-node $(NPROC) \
-	  -m train run --config tiny --out "$(DEMO_OUT)"
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m train run --nproc-per-node $(NPROC) --config tiny --out "$(DEMO_OUT)"
 
 test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The quick subset (no training processes, no long shellcheck/Kubernetes sweeps): what to run while
+# editing; make test runs everything.
+FAST_TESTS ?= tests/test_architecture.py tests/train/test_cli_ux.py tests/train/test_config.py \
+	tests/train/test_model.py tests/train/test_optim.py tests/train/test_data.py \
+	tests/comm/test_comm_formulas.py tests/comm/test_comm_advice.py tests/docker/test_docker_files.py \
+	tests/doctor/test_doctor_driver_cuda.py tests/doctor/test_preflight_verdict.py tests/doctor/test_netplugin.py \
+	tests/launch/test_launch_cli.py tests/launch/test_launch_env_rules.py tests/launch/test_launch_quoting.py \
+	tests/launch/test_launch_preflight.py tests/launch/test_launch_fuzz_inputs.py \
+	tests/launch/test_launch_docker_runtime.py tests/launch/test_launch_safety.py \
+	tests/launch/test_launch_k8s_behaviour.py tests/launch/test_launch_container_out.py \
+	tests/launch/test_launch_slurm_options.py tests/launch/test_launch_golden.py
+
+test-fast: setup  ## the quick subset of the tests (no training processes), for use while editing
+	$(PY) -m pytest -q -p no:cacheprovider -m "not gpu and not multigpu and not container and not cluster" \
+	  $(FAST_TESTS) $(PYTEST_ARGS)
+
+lint: setup  ## ruff (version pinned in the dev extra) on the Python code, shellcheck on the shell scripts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/shellcheck -x scripts/*.sh scripts/gpu/*.sh docker/*.sh
 
 # The host-side podman tests of rendered `launch docker` scripts (issue 10 part 4, issue 18).
 CLUSTER_PODMAN_TESTS ?= -q -p no:cacheprovider -m container -s tests/docker/test_launch_podman.py

@@ -71,15 +71,15 @@ KUBECTL_ARGS ?=
 .PHONY: build-image push test-container k8s-apply docker-check-target efa-src
 
 # Expanded only when one of the rules below runs, so other goals never trip on it.
-docker-check-target:
+docker-check-target:  ## check that TARGET names an image variant (run by the image targets)
 	$(if $(filter $(TARGET),$(DOCKER_TARGETS)),@:,$(error invalid TARGET='$(TARGET)'; valid targets: $(DOCKER_TARGETS)))
 
 # Source tarballs for the EFA variants (LIBFABRIC_GIT / AWS_OFI_NCCL_GIT: local clones;
 # otherwise GitHub's tag archives are downloaded).
-efa-src:
+efa-src:  ## source tarballs of the EFA image variants (EFA_SRC_DIR; LIBFABRIC_GIT/AWS_OFI_NCCL_GIT: local clones)
 	bash docker/efa-sources.sh $(EFA_SRC_DIR)
 
-build-image: docker-check-target $(if $(filter %-efa,$(TARGET)),efa-src)
+build-image: docker-check-target $(if $(filter %-efa,$(TARGET)),efa-src)  ## build the image TARGET=hopper|blackwell|... [ENGINE= PLATFORMS= BASE_IMAGE=]
 ifeq ($(strip $(PLATFORMS)),)
 	$(ENGINE) build $(_BUILD_FLAGS) -t $(IMAGE) .
 else ifeq ($(ENGINE),docker)
@@ -91,7 +91,7 @@ else
 	podman build --platform $(PLATFORMS) --manifest $(IMAGE) $(_BUILD_FLAGS) .
 endif
 
-push: docker-check-target
+push: docker-check-target  ## push the image TARGET to REGISTRY=host[:port]/path
 	$(if $(strip $(REGISTRY)),@:,$(error no registry: set REGISTRY=host[:port]/path to push))
 ifeq ($(strip $(PLATFORMS)),)
 	$(ENGINE) tag $(IMAGE) $(REMOTE_IMAGE)
@@ -102,10 +102,10 @@ else
 	podman manifest push --all $(IMAGE) docker://$(REMOTE_IMAGE)
 endif
 
-test-container: docker-check-target
+test-container: docker-check-target  ## pytest inside the image TARGET (GPU tests where nvidia-smi works)
 	$(ENGINE) run --rm $(_TEST_RUN_FLAGS) -w /opt/hopper-train $(IMAGE) pytest $(TEST_PYTEST_ARGS)
 
-k8s-apply:
+k8s-apply:  ## kubectl apply the manifests under K8S_DIR (default k8s/) [KUBECTL_ARGS=]
 	@command -v $(KUBECTL) >/dev/null || { echo "docker.mk: $(KUBECTL) not found" >&2; exit 2; }
 	$(KUBECTL) apply -R -f $(K8S_DIR) $(KUBECTL_ARGS)
 

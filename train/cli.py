@@ -6,6 +6,7 @@ tracebacks are for bugs only (set TRAIN_DEBUG=1 to see them for user errors too)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -13,14 +14,16 @@ from pathlib import Path
 
 import click
 
-from core.errors import InputError
 from core.clicktypes import LocalPath, StrictInt, harden_click
+from core.errors import InputError
 from train.config import SEED_MAX
-from train.console import fail, setup
-from train.errors import RUNTIME_ERRORS, ConfigError
+from train.console import drop_stream, fail, setup
+from train.errors import RUNTIME_ERRORS, ConfigError, DataError
 from train.paths import expand_path_env
+from train.spawn import check_launcher, launcher_options, worker_args
 
 log = logging.getLogger(__name__)
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 
 class GuardedGroup(click.Group):
@@ -59,10 +62,15 @@ class GuardedGroup(click.Group):
             fail(exc.format_message(), exc.exit_code)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _quiet_on_closed_stdout():  # train --help | head
+            return super().make_context(info_name, args, parent, **extra)
+
     def invoke(self, ctx):
         try:
             expand_path_env()  # '~' in XDG_CACHE_HOME, TORCHINDUCTOR_CACHE_DIR...: as in every path given
-            return super().invoke(ctx)
+            with _quiet_on_closed_stdout():
+                return super().invoke(ctx)
         except InputError as exc:
             if os.environ.get("TRAIN_DEBUG"):
                 raise
@@ -72,6 +80,16 @@ class GuardedGroup(click.Group):
                 raise
             fail(f"input is not valid UTF-8 ({exc.reason} at byte {exc.start})", 2)
 
+
+
+@contextlib.contextmanager
+def _quiet_on_closed_stdout():
+    """stdout's reader went away (``| head``): end quietly with 141, as a shell tool does."""
+    try:
+        yield
+    except BrokenPipeError:
+        drop_stream(sys.stdout)
+        sys.exit(EXIT_CLOSED_PIPE)
 
 
 def _group_module():
@@ -104,13 +122,14 @@ def main() -> None:
 @click.option("--flight-recorder", type=StrictInt(1, 10_000_000), metavar="N",
               help="NCCL flight recorder: keep the last N collectives per rank and dump them to "
                    "OUT/flight_recorder/ when one times out (sets TORCH_FR_BUFFER_SIZE).")
-def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change, checkpoint_every, seed, overrides,
-            flight_recorder) -> None:
-    """Train. Works as one process or under torchrun (reads RANK, WORLD_SIZE, ...)."""
+@launcher_options
+@click.pass_context
+def run_cmd(ctx, config_path, steps, out_dir, resume, overwrite, allow_config_change, checkpoint_every, seed,
+            overrides, flight_recorder, **launcher) -> None:
+    """Train. Works as one process, under torchrun (reads RANK, WORLD_SIZE, ...), or as the parent of
+    --nproc-per-node workers."""
     setup()  # the train loggers -> stderr, rank-prefixed
-    from train import preflight, rundir
-    from train.config import load_config
-    from train.errors import DataError
+    from train import rundir
 
     if resume and overwrite:
         fail("--resume and --overwrite exclude each other", 2)
@@ -118,14 +137,12 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
     for key, value in (("train.steps", steps), ("checkpoint.every", checkpoint_every), ("train.seed", seed)):
         if value is not None:
             extra.append(f"{key}={value}")
-    try:
-        out_dir = preflight.check_out_dir(out_dir)
-        job = load_config(config_path, extra)
-        preflight.check_job(job, preflight.world_size_from_env())
-        preflight.check_launcher_env()
-        preflight.check_runs_here(job, out_dir)
-    except (ConfigError, DataError) as exc:
-        fail(str(exc), 2)
+    if launcher["nproc_per_node"] is not None:  # the parent: check once, then start the workers
+        _checked_job(config_path, extra, out_dir, check_launcher(launcher))
+        from train.spawn import start
+
+        start(launcher, worker_args(ctx))
+    job, out_dir = _checked_job(config_path, extra, out_dir, None)
     if flight_recorder:
         os.environ["TORCH_FR_BUFFER_SIZE"] = str(flight_recorder)
 
@@ -153,6 +170,33 @@ def run_cmd(config_path, steps, out_dir, resume, overwrite, allow_config_change,
         lock.release()
     if is_rank0:
         _print_summary(summary, out_dir)
+
+
+def _checked_job(config_path: str, extra: list[str], out_dir: str, world_sizes: list[int] | None):
+    """The job and its run directory, checked before any process group: one line and exit 2 on error.
+
+    ``world_sizes``: those of a parent's workers (``--nproc-per-node``); None: this process is the run
+    (alone or one rank of a launcher). The config's own errors are the same on every rank: under
+    torchrun, only each node's first worker prints them (the others exit with the same code)."""
+    from train import preflight
+    from train.config import load_config
+
+    local = os.environ.get("LOCAL_RANK") or "0"
+    first = not (os.environ.get("TORCHELASTIC_RUN_ID") and local.isascii() and local.isdigit() and int(local) > 0)
+    try:
+        checked_out = preflight.check_out_dir(out_dir)
+        job = load_config(config_path, extra)
+        for world in world_sizes or [preflight.world_size_from_env()]:
+            preflight.check_job(job, world)
+    except (ConfigError, DataError) as exc:
+        fail(str(exc), 2, echo=first)
+    try:
+        if world_sizes is None:
+            preflight.check_launcher_env()
+        preflight.check_runs_here(job, checked_out)
+    except (ConfigError, DataError) as exc:
+        fail(str(exc), 2)
+    return job, checked_out
 
 
 def _print_summary(s, out_dir: Path) -> None:

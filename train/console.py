@@ -2,19 +2,28 @@
 
 Every module logs through ``logging.getLogger(__name__)``; ``setup()`` (called once by the
 command line) sends records to stderr (the loggers named in ``stdout=``: to stdout), prefixed
-``[rank N]`` when the world has more than one rank. ``fail`` is the one way a command reports a user error: one line, then exit.
+``[rank N]`` when the world has more than one rank. A closed stream (``train run | head -1``)
+is dropped quietly: the command goes on, its output goes nowhere (``metrics.jsonl`` keeps it).
+``fail`` is the one way a command reports a user error: one line, then exit; under torchrun the
+line is also the worker's error record, which torchrun's summary (and ``train run
+--nproc-per-node``'s one line) shows.
 A leaf module: it imports nothing of ``train`` (only ``core.safety`` for one-line text).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+import time
 
 from core.safety import one_line
 
 ROOT_LOGGER = "train"
+# Set by ``train run --nproc-per-node`` for its workers: a worker's error line goes to its error
+# record only, and the parent prints the first failed rank's line once.
+ERRORS_TO_PARENT = "TRAIN_ERRORS_TO_PARENT"
 
 
 def rank_prefix() -> str:
@@ -61,12 +70,33 @@ def _env_level() -> str:
     return raw.strip().upper()
 
 
+class _Handler(logging.StreamHandler):
+    """A stream handler for which a closed pipe is the reader's choice, not an error."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            drop_stream(self.stream)
+            return
+        super().handleError(record)
+
+
+def drop_stream(stream) -> None:
+    """Point a stream whose reader went away (EPIPE) at /dev/null: later writes, and the flush at
+    exit, succeed without output."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's StringIO)
+        pass
+
+
 def _attach(name: str, stream) -> bool:
     """Give logger ``name`` one rank-prefixed handler on ``stream`` (False: it has one already)."""
     logger = logging.getLogger(name)
     if any(getattr(h, "_train_console", False) for h in logger.handlers):
         return False
-    handler = logging.StreamHandler(stream)
+    handler = _Handler(stream)
     handler.setFormatter(RankFormatter())
     handler._train_console = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
@@ -74,8 +104,33 @@ def _attach(name: str, stream) -> bool:
     return True
 
 
-def fail(msg: str, code: int) -> None:
-    """Print ``error: msg`` on one line (rank-prefixed) and exit with ``code``."""
-    sys.stderr.write(f"{rank_prefix()}error: {one_line(msg)}\n")
-    sys.stderr.flush()
+def fail(msg: str, code: int, echo: bool = True) -> None:
+    """Print ``error: msg`` on one line (rank-prefixed) and exit with ``code``.
+
+    Under torchrun the line is also written to the worker's error file (``TORCHELASTIC_ERROR_FILE``).
+    ``echo=False``: the error file only (the same error is printed by another rank)."""
+    line = f"{rank_prefix()}error: {one_line(msg)}"
+    if record_error(line) and os.environ.get(ERRORS_TO_PARENT) == "1":
+        echo = False  # train run --nproc-per-node prints it
+    if echo:
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except BrokenPipeError:
+            drop_stream(sys.stderr)
     sys.exit(code)
+
+
+def record_error(line: str) -> bool:
+    """Write ``line`` as this worker's error record, in the form torchrun's error handler writes
+    (its summary shows ``py_callstack``); False when there is no such file or it cannot be written."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return False
+    record = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}
+    try:
+        with open(path, "w", encoding="utf-8") as fp:
+            json.dump({"message": record}, fp)
+    except OSError:
+        return False
+    return True

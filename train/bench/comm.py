@@ -25,115 +25,13 @@ the bench's machinery does not distort the number.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import click
-import torch
-import torch.distributed as dist
 
 from core.safety import parse_json
-from train.bench.comm_args import DTYPES, check_args, human
-from train.bench.bandwidth import OPS, algbw, busbw
-from train.bench.comm_timing import COLUMN_DOC, Timer, timing_columns
-
-def _op_callable(op: str, nbytes: int, dtype: torch.dtype, device, rank: int, world: int):
-    """(fn, reported size in bytes, element count) or None when the size is too small."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    count = nbytes // elem
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        count -= count % world
-    if count < (world if op in ("all_gather", "reduce_scatter", "all_to_all") else 1):
-        return None
-    size = count * elem
-
-    def zeros(n):
-        return torch.zeros(n, dtype=dtype, device=device)
-
-    if op == "all_reduce":
-        x = zeros(count)
-        return (lambda: dist.all_reduce(x)), size, count
-    if op == "broadcast":
-        x = zeros(count)
-        return (lambda: dist.broadcast(x, src=0)), size, count
-    if op == "all_gather":
-        inp, out = zeros(count // world), zeros(count)
-        return (lambda: dist.all_gather_into_tensor(out, inp)), size, count
-    if op == "reduce_scatter":
-        inp, out = zeros(count), zeros(count // world)
-        return (lambda: dist.reduce_scatter_tensor(out, inp)), size, count
-    if op == "all_to_all":
-        inp, out = zeros(count), zeros(count)
-        return (lambda: dist.all_to_all_single(out, inp)), size, count
-    if op == "send_recv":
-        x, y = zeros(count), zeros(count)
-        nxt, prv = (rank + 1) % world, (rank - 1) % world
-
-        def ring():
-            ops = [dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, y, prv)]
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-
-        return ring, size, count
-    raise ValueError(f"unknown op {op!r}")
-
-
-def raw_allreduce_reference(device, dtype: torch.dtype, nbytes: int, warmup: int, iters: int) -> float:
-    """Seconds per ``dist.all_reduce`` of ``nbytes``: a plain loop, timed as a whole."""
-    x = torch.zeros(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=device)
-    for _ in range(warmup):
-        dist.all_reduce(x)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    Timer(device).max_over_ranks(0.0)  # start together
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(x)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = (time.perf_counter() - t0) / iters
-    t = torch.tensor([elapsed], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def p2p_matrix(timer: Timer, nbytes: int, device, rank: int, world: int) -> list[dict]:
-    """Unidirectional send->recv bandwidth for every ordered pair (src, dst)."""
-    count = max(1, nbytes // 4)
-    buf = torch.zeros(count, dtype=torch.float32, device=device)
-    rows = []
-    for src in range(world):
-        for dst in range(world):
-            if src == dst:
-                continue
-            if rank == src:
-                def fn(dst=dst):
-                    dist.send(buf, dst)
-            elif rank == dst:
-                def fn(src=src):
-                    dist.recv(buf, src)
-            else:
-                def fn():
-                    return None
-            t = timer.measure(fn)
-            rows.append({"src": src, "dst": dst, "bytes": count * 4, "iters": t.iters,
-                         p2p_time_column(timer.cuda): t.seconds() * 1e6, "bw_GBps": algbw(count * 4, t.seconds())})
-    return rows
-
-
-def p2p_time_column(cuda: bool) -> str:
-    return "device_us" if cuda else "host_us"
-
-
-def sweep_columns(cuda: bool, graph: bool) -> list[str]:
-    return ["op", "dtype", "size", "count", "iters", *timing_columns(cuda, graph), "algbw_GBps", "busbw_GBps"]
-
-
-def timing_meta(cuda: bool, graph: bool, prefix: str = "") -> dict:
-    """What each timing column is (written above the table and into the JSON)."""
-    meta = {f"{prefix}{c}": COLUMN_DOC[c] for c in timing_columns(cuda, graph)}
-    meta["bandwidth_from"] = "device_us" if cuda else "host_us"
-    return meta
+from train.bench.comm_args import DTYPES, check_args, human, torch_dtype
+from train.bench.bandwidth import OPS
 
 
 @click.command("comm")
@@ -190,6 +88,8 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     claim_report(out_dir, name)
     info = _init(args["backend"], emulate_link)
     meta = {"command": " ".join(["train", *sys.argv[1:]]), "backend": args["backend"], "world_size": info.world_size}
+    from train.bench.comm_sweep import Timer, run_sweep
+
     timer = Timer(info.device, iters=iters, warmup=warmup, max_seconds=max_seconds, graph=graph)
     if args["impls"]:
         _latency(info, args, timer, out_dir, name, meta)
@@ -197,9 +97,11 @@ def comm_cmd(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters, 
     from train import distributed as tdist
 
     with tdist.group_teardown():
-        rows, p2p_rows, ref = _run(info, timer, args["ops"], args["dtypes"], args["sizes"],
+        rows, p2p_rows, ref = run_sweep(info, timer, args["ops"], args["dtypes"], args["sizes"],
                                    args["p2p_bytes"] if p2p else 0, raw)
     if info.is_main:
+        from train.bench.comm_sweep import timing_meta
+
         meta.update(timing_meta(timer.cuda, timer.graph))
         _write_sweep(rows, p2p_rows, ref, meta, timer, emulate_link, out_dir, name)
         if args["recommend"]:
@@ -220,11 +122,12 @@ def _init(backend: str, emulate_link):
 
 def _latency(info, args, timer, out_dir, name, meta) -> None:
     from train import distributed as tdist
+    from train.bench.comm_sweep import timing_columns, timing_meta
     from train.bench.latency import latency_rows, write_latency
     from train.bench.report import environment_meta
 
     with tdist.group_teardown():
-        rows = latency_rows(info, args["impls"], args["sizes"], DTYPES[args["dtypes"][0]], timer.measure, human)
+        rows = latency_rows(info, args["impls"], args["sizes"], torch_dtype(args["dtypes"][0]), timer.measure, human)
     if info.is_main:
         meta = {**environment_meta(), **meta, **timing_meta(timer.cuda, timer.graph, "IMPL_")}
         write_latency(rows, args["impls"], args["dtypes"][0], out_dir, name, meta,
@@ -233,6 +136,7 @@ def _latency(info, args, timer, out_dir, name, meta) -> None:
 
 def _write_sweep(rows, p2p_rows, ref, meta, timer, emulate_link, out_dir, name) -> None:
     from train.bench.comm_charts import chart_p2p, chart_sweep
+    from train.bench.comm_sweep import p2p_time_column, sweep_columns
     from train.bench.report import environment_meta, write_report
     from train.bench.links import nccl_environment
 
@@ -285,53 +189,3 @@ def _recommend(rows, world, tflops, tokens, apply_path, json_path) -> None:
                    + (f" (its previous version, comments included, is kept as {kept})" if kept else ""))
 
 
-def _measure_row(timer: Timer, op: str, dname: str, nbytes: int, info) -> dict | None:
-    built = _op_callable(op, nbytes, DTYPES[dname], info.device, info.rank, info.world_size)
-    if built is None:
-        return None
-    fn, size, count = built
-    row = {"op": op, "dtype": dname, "size": human(size), "bytes": size, "count": count}
-    try:
-        t = timer.measure(fn)
-    except (RuntimeError, ValueError) as exc:  # e.g. a dtype the backend lacks
-        row.update(error=" ".join(str(exc).split())[:160])
-        return row
-    row.update(iters=t.iters, batches=t.batches, **t.columns(), algbw_GBps=algbw(size, t.seconds()),
-               busbw_GBps=busbw(op, size, t.seconds(), info.world_size))
-    if not t.queued:
-        row["queued"] = "no: the host issued slower than the GPU ran (device_us includes launch gaps)"
-    if t.graph_error:
-        row["error"] = t.graph_error
-    return row
-
-
-def _raw_reference(info, timer: Timer, rows: list[dict], dname: str) -> dict | None:
-    largest = [r for r in rows if r["op"] == "all_reduce" and r["dtype"] == dname and "busbw_GBps" in r]
-    if not largest:
-        return None
-    last = largest[-1]
-    calls = last["iters"] * last["batches"]
-    sec = raw_allreduce_reference(info.device, DTYPES[dname], last["bytes"], max(1, min(timer.warmup, calls // 4)),
-                                  calls)
-    raw_bus = busbw("all_reduce", last["bytes"], sec, info.world_size)
-    return {"dtype": dname, "bytes": last["bytes"], "calls": calls, "raw_time_us": sec * 1e6,
-            "bench_busbw_GBps": last["busbw_GBps"], "raw_busbw_GBps": raw_bus,
-            "diff_pct": 100.0 * (last["busbw_GBps"] / raw_bus - 1)}
-
-
-def _run(info, timer: Timer, op_list, dtype_list, sizes, p2p_bytes, raw):
-    rows: list[dict] = []
-    ref = None
-    for op in op_list:
-        for dname in dtype_list:
-            for nbytes in sizes:
-                row = _measure_row(timer, op, dname, nbytes, info)
-                if row is not None:
-                    rows.append(row)
-        if op == "all_reduce" and raw:
-            ref = _raw_reference(info, timer, rows, dtype_list[0])
-    if info.device.type == "cuda":
-        torch.cuda.empty_cache()
-    p2p_timer = Timer(info.device, iters=timer.iters, warmup=timer.warmup, max_seconds=timer.max_seconds)
-    p2p_rows = p2p_matrix(p2p_timer, p2p_bytes, info.device, info.rank, info.world_size) if p2p_bytes else []
-    return rows, p2p_rows, ref

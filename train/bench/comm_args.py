@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 import re
 
-import torch
-
 from core.safety import excerpt
 from train.bench.bandwidth import bus_factor
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8}
+DTYPES = ("float32", "bfloat16", "float16", "int8")  # torch dtype names (torch_dtype)
 MAX_BYTES = 64 << 30  # per message: beyond any GPU's free memory for a buffer pair
 MAX_SECONDS = 3600.0  # --max-seconds per size: an hour at most (and a finite number)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -52,7 +50,13 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
                 out_dir, name, recommend, apply_path, tflops, tokens_per_gpu, graph=False) -> dict:
     """Every argument checked before any process group exists (ValueError: usage error)."""
     from train.bench.latency import parse_impls
-    from train.bench.report import NAME_MAX, REPORT_SUFFIXES, check_report, choice_list, comma_list
+    from train.bench.report import (
+        NAME_MAX,
+        REPORT_SUFFIXES,
+        check_report,
+        choice_list,
+        comma_list,
+    )
     from train.preflight import check_launcher_env
 
     impls = parse_impls(impl) if impl is not None else []
@@ -88,6 +92,8 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
     world = check_launcher_env()  # RANK etc. (ConfigError: one line, exit 2)
     if world < 2:
         raise ValueError("train bench comm needs >= 2 processes: run it under torchrun --nproc-per-node N (N >= 2)")
+    import torch
+
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
@@ -102,6 +108,13 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
             "impls": impls, "backend": backend, "recommend": recommend}
 
 
+def torch_dtype(name: str):
+    """The torch dtype named ``name`` (one of DTYPES)."""
+    import torch
+
+    return getattr(torch, name)
+
+
 def _check_fits(largest: int, p2p: int, world: int, backend: str) -> None:
     """The largest message's buffers (a message is the larger side of a collective, as in
     nccl-tests: its input and output at most) and the P2P buffer fit the memory each process
@@ -110,6 +123,8 @@ def _check_fits(largest: int, p2p: int, world: int, backend: str) -> None:
 
     need = max(2 * largest, p2p)
     if backend == "nccl":  # this rank's GPU
+        import torch
+
         index = local_gpu()
         have, where = torch.cuda.get_device_properties(index).total_memory, f"GPU {index}'s memory"
     else:

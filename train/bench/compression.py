@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import click
-import torch
 
 from core.clicktypes import LocalPath
 from core.safety import excerpt, parse_ascii_int, parse_finite_float
@@ -41,7 +40,8 @@ DEFAULT_VARIANTS = "none,fp16,powersgd:1,powersgd:4,powersgd:8,topk:0.01,localsg
 
 
 def variant_overrides(spec: str) -> tuple[str, list[str]]:
-    """``"powersgd:4"`` -> (``"powersgd r=4"``, ``[..., "comm.powersgd_impl=train"]``; ``powersgd-torch:R``: torch's hook)."""
+    """``"powersgd:4"`` -> (``"powersgd r=4"``, ``[..., "comm.powersgd_impl=train"]``;
+    ``powersgd-torch:R``: torch's hook)."""
     kind, _, arg = spec.strip().partition(":")
     if kind in ("none", "fp16", "bf16") and not arg:
         return kind, [f"comm.hook={kind}"]
@@ -60,7 +60,8 @@ def variant_overrides(spec: str) -> tuple[str, list[str]]:
     if kind == "localsgd":
         period = parse_ascii_int("--variants localsgd:PERIOD", arg or "4", 1, 1 << 16)
         return f"localsgd {period}", ["comm.hook=localsgd", f"comm.localsgd_period={period}"]
-    raise ValueError(f"--variants: unknown {excerpt(spec)} (none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD)")
+    raise ValueError(f"--variants: unknown {excerpt(spec)} "
+                     "(none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD)")
 
 
 def timing_window(steps: int, start_iter: int, period: int) -> tuple[int, int]:
@@ -113,17 +114,20 @@ COLUMNS = ["variant", "step_ms", "speedup", "exposed_comm_ms", "MB_per_step", "t
 @click.option("--preset", default="350m", show_default=True, help="Model preset (model.name).")
 @click.option("--config", "config_path", default=None, type=LocalPath(),
               help="Base config (file or preset name); default: train/configs/<preset>.yaml if it exists.")
-@click.option("--steps", type=int, default=30, show_default=True)
+@click.option("--steps", type=int, default=30, show_default=True, help="Training steps per variant (train.steps).")
 @click.option("--batch", type=int, default=None, help="Micro-batch per rank (train.batch_size).")
 @click.option("--seq", type=int, default=None, help="Sequence length (train.seq_len).")
-@click.option("--variants", default=DEFAULT_VARIANTS, show_default=True)
+@click.option("--variants", default=DEFAULT_VARIANTS, show_default=True,
+              help="Comma list: none, fp16, bf16, powersgd:R, powersgd-torch:R, topk:RATIO, localsgd:PERIOD.")
 @click.option("--start-iter", type=int, default=3, show_default=True,
               help="Plain DDP steps before compression / local SGD start (>= 2).")
 @click.option("--loss-window", type=int, default=5, show_default=True, help="Loss = mean over the last N steps.")
-@click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None)
+@click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None,
+              help="Set NCCL_P2P_DISABLE / NCCL_SHM_DISABLE before init (docs/communication.md).")
 @click.option("--measure/--no-measure", default=True, show_default=True,
               help="Exposed comm time and bytes (routes hook=none through torch's allreduce_hook).")
-@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path),
+              help="Directory of the report (NAME.json/.md/.png).")
 @click.option("--runs-dir", type=click.Path(path_type=Path), default=None,
               help="Where each variant's run (metrics.jsonl, log) goes; default: OUT/compression_runs.")
 @click.option("--name", default=None, help="Report name (default: compression, or compression_<link>).")
@@ -212,7 +216,6 @@ def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: 
     from train import preflight
     from train.config import CONFIG_DIR, load_config
     from train.errors import ConfigError, DataError
-
     from train.models.presets import MODEL_PRESETS
 
     # Only a known preset names a file: '../x' or a name too long (is_file raised OSError) is model.name's error.
@@ -239,7 +242,6 @@ def _run_variants(jobs, info, runs_dir: Path, window, loss_window: int, out_dir:
     """One row per variant; rank 0 rewrites a partial report after each (what is done
     survives a time limit)."""
     from train.bench.report import write_report
-
     from train.config import TrainConfig
 
     rows: list[dict] = []
@@ -269,8 +271,8 @@ def _run_variants(jobs, info, runs_dir: Path, window, loss_window: int, out_dir:
 
 def _final_report(out_dir: Path, name: str, rows: list[dict], run_meta: dict) -> None:
     """The table on stdout, and NAME.json/.md/.png with how the numbers were made."""
-    from train.bench.report import environment_meta, write_report
     from train.bench.links import nccl_environment
+    from train.bench.report import environment_meta, write_report
 
     meta = {**environment_meta(), "command": " ".join(["train", *sys.argv[1:]]), **run_meta,
             "nccl_env": nccl_environment() or "defaults",
@@ -289,6 +291,8 @@ def _relative_to_none(rows: list[dict]) -> None:
 
 
 def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int, signals: StopSignals) -> dict:
+    import torch
+
     from train import distributed as tdist
     from train.metrics import read_metrics
     from train.rundir import move_aside

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def reduce_max(values: list[float], info) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
     if info.backend is None:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=info.device)
@@ -25,9 +30,13 @@ class ForwardMemory:
         self.handles = [model.register_forward_pre_hook(self._pre), model.register_forward_hook(self._post)]
 
     def _pre(self, module, args):
+        import torch
+
         self.before = torch.cuda.memory_allocated(self.device)
 
     def _post(self, module, args, output):
+        import torch
+
         self.delta = max(self.delta, torch.cuda.memory_allocated(self.device) - self.before)
 
     def remove(self) -> None:
@@ -38,6 +47,8 @@ class ForwardMemory:
 def memory_columns(info, forward_delta: int) -> dict:
     """Peak allocated, the forward's activations, the allocator's own peak (reserved) and how often
     it freed its cache to retry a cudaMalloc (a device sync each): the worst rank's."""
+    import torch
+
     retries = torch.cuda.memory_stats(info.device).get("num_alloc_retries", 0)
     peak, act, reserved, retries = reduce_max([torch.cuda.max_memory_allocated(info.device), forward_delta,
                                                 torch.cuda.max_memory_reserved(info.device), retries], info)

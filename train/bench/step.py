@@ -50,22 +50,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import torch
 
-from train.bench.grid import FP8_CHOICES, GRID_KEYS, STRATEGIES, expand_all, job_overrides, load_plan
 from train.bench.gpu_stats import ForwardMemory, memory_columns, reduce_max
+from train.bench.grid import FP8_CHOICES, GRID_KEYS, STRATEGIES, expand_all, job_overrides, load_plan
 from train.bench.stopping import Stopped, StopSignals
 from train.config import DATA_SOURCES, MAX_TIMEOUT_S
 from train.console import fail, setup
 from train.errors import RUNTIME_ERRORS, ConfigError
 from train.parallel.config import AC_MODES
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
-COLUMNS = ["preset", "strategy", "mesh", "fp8", "ac", "compile", "batch", "seq", "overrides", "gpus", "status", "step_ms",
-           "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "act_mem_gib", "warmup_s",
+COLUMNS = ["preset", "strategy", "mesh", "fp8", "ac", "compile", "batch", "seq", "overrides", "gpus", "status",
+           "step_ms", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "peak_mem_gib", "act_mem_gib", "warmup_s",
            "first_loss", "final_loss"]
 
 
@@ -75,6 +78,8 @@ class _StepClock:
         self.device = device
 
     def time(self, fn) -> tuple[float, object]:
+        import torch
+
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -150,6 +155,8 @@ def _points_nccl_env(points: list[dict]) -> dict[str, str]:
 
 def _release(point: dict, cuda: bool, workdir: Path) -> None:
     """After a point (its Trainer dropped): free memory, compiled graphs and the work directory."""
+    import torch
+
     gc.collect()
     if point["compile"]:
         torch._dynamo.reset()  # drop compiled graphs (and the modules they reference)
@@ -167,14 +174,15 @@ def _agree(row: dict, code: float, info) -> None:
 
 def run_point(point: dict, info, signals: StopSignals) -> dict:
     """Build a Trainer for ``point``, run warm-up + timed steps; one report row."""
+    import torch
+
     from train.trainer import Trainer
 
     row, job = _row_and_job(point, info)
     if job is None:
         return row
     signals.check(info)
-    cuda = info.device.type == "cuda"
-    if cuda:
+    if cuda := info.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(info.device)
         torch.cuda.reset_accumulated_memory_stats(info.device)  # num_alloc_retries: this point's own
@@ -203,8 +211,7 @@ def run_point(point: dict, info, signals: StopSignals) -> dict:
         row["step_ms"] = step_s * 1000
         row["tokens_per_s"] = tokens / step_s
         row["tokens_per_s_per_gpu"] = tokens / step_s / info.world_size
-        peak = trainer.metrics.peak_tflops
-        row["mfu"] = trainer.metrics.mfu(row["tokens_per_s_per_gpu"]) if peak else None
+        row["mfu"] = trainer.metrics.mfu(row["tokens_per_s_per_gpu"]) if trainer.metrics.peak_tflops else None
         if cuda:
             row.update(memory_columns(info, memory.delta))
         row["first_loss"], row["final_loss"] = losses[0], losses[-1]
@@ -259,14 +266,18 @@ def _chart(ax, rows) -> None:
               help="Token source; file: a token file named by --set data.path=FILE.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Config override for every point.")
 @click.option("--plan", type=click.Path(path_type=Path, dir_okay=False), help="YAML list of grids to run.")
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]))
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"]),
+              help="train.device of every point (auto: cuda when a GPU is visible).")
 @click.option("--timeout-s", default=900, show_default=True, type=click.IntRange(1, MAX_TIMEOUT_S),
               help="Process-group timeout (seconds, at most 7 days as train.timeout_s).")
-@click.option("--out", "out_dir", default="runs/bench-step", show_default=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default="runs/bench-step", show_default=True, type=click.Path(path_type=Path),
+              help="Directory of the report (NAME.json/.md/.png).")
 @click.option("--name", default="step", show_default=True, help="Report file name (NAME.json/.md/.png).")
 def step_cmd(preset, strategy, fp8, ac, compile_, batch, seq, steps, warmup, data, overrides, plan, device,
              timeout_s, out_dir, name) -> None:
     """Step throughput, MFU and memory over a grid of strategy x FP8 x AC x compile x model x batch."""
+    import torch
+
     from train import distributed as tdist
     from train import preflight
     from train.bench.report import check_report, claim_report, environment_meta

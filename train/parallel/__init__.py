@@ -9,13 +9,26 @@ to run after each optimizer step, extra checkpoint state).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from torch import nn
-
-from train.parallel.bundle import Parallelized, clip_grad_norm
 from train.parallel.dims import ParallelDims
 
+if TYPE_CHECKING:
+    from torch import nn
+
+    from train.parallel.bundle import Parallelized
+
 __all__ = ["ParallelDims", "Parallelized", "clip_grad_norm", "parallelize"]
+
+
+def __getattr__(name: str):
+    """``Parallelized`` and ``clip_grad_norm`` (torch) load on first use: the ``parallel`` config
+    section is read without importing torch (``train --help``, ``launch``-side checks)."""
+    if name in ("Parallelized", "clip_grad_norm"):
+        from train.parallel import bundle
+
+        return getattr(bundle, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def parallelize(model: nn.Module, job, info, materialize: Callable[[nn.Module], None],
@@ -25,6 +38,7 @@ def parallelize(model: nn.Module, job, info, materialize: Callable[[nn.Module], 
     ``dims``: the run's resolved dims (made from ``job`` and ``info`` when not given)."""
     from train.parallel import cast, ddp, fsdp
     from train.parallel.ac import apply_ac
+    from train.parallel.bundle import Parallelized
     from train.parallel.compile import apply_compile
     from train.precision.amp import resolve_precision
     from train.precision.fp8 import attach_float8

@@ -13,8 +13,8 @@ AC_MODES = ("none", "full", "selective", "op", "pointwise")
 class ParallelConfig:
     strategy: str = "ddp"  # ddp | fsdp (fsdp covers FSDP2, HSDP and FSDP+TP through the mesh dims)
     # Mesh dims; -1 = whatever is left of the world size. The product must equal it.
-    # strategy=fsdp with dp_replicate=-1 and dp_shard=1 (the defaults) shards over all
-    # data-parallel ranks (dp_replicate=1, dp_shard=-1); set dp_replicate > 1 for HSDP.
+    # strategy=fsdp with dp_replicate=-1 and dp_shard=1 (the defaults) or dp_shard=-1 shards over
+    # all data-parallel ranks (dp_replicate=1, dp_shard=-1); set dp_replicate > 1 for HSDP.
     dp_replicate: int = -1
     dp_shard: int = 1
     tp: int = 1

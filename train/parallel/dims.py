@@ -78,8 +78,9 @@ def _mesh_degrees(pcfg, world_size: int) -> tuple[int, int, int]:
         if pcfg.dp_shard not in (1, -1) or pcfg.tp != 1:
             raise ConfigError("parallel.strategy=ddp: dp_shard and tp must be 1 (use strategy=fsdp for sharding/TP)")
         dims = {"dp_replicate": -1, "dp_shard": 1, "tp": 1}
-    elif pcfg.dp_replicate == -1 and pcfg.dp_shard == 1:
-        # strategy=fsdp with the mesh left at its defaults: shard, do not replicate.
+    elif pcfg.dp_replicate == -1 and pcfg.dp_shard in (1, -1):
+        # strategy=fsdp with the mesh left at its defaults, or dp_shard=-1 ("shard over all that is
+        # left") beside the default dp_replicate=-1: shard, do not replicate.
         dims = {"dp_replicate": 1, "dp_shard": -1, "tp": pcfg.tp}
     auto = [k for k, v in dims.items() if v == -1]
     if len(auto) > 1:

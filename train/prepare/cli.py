@@ -11,8 +11,6 @@ from core.clicktypes import LocalPath
 from core.safety import excerpt
 from train.console import fail, setup
 from train.errors import PrepareError
-from train.prepare.run import prepare
-
 
 MAX_SHARDS = 1_000_000
 
@@ -65,6 +63,9 @@ def data() -> None:
 @click.option("--keep-parts", is_flag=True, help="Keep OUT.parts/ after merging.")
 def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, online, keep_parts) -> None:
     """Tokenize text, JSONL, Parquet or datasets into a token file for data.source=file."""
+    from train.prepare.hub import HubUnreachable
+    from train.prepare.run import prepare  # numpy, tokenizers: not for --help
+
     setup()  # progress and resume lines on stderr (INFO)
     _check_not_empty(tokenizer, text_field, split, eos)
     try:
@@ -74,6 +75,8 @@ def prepare_cmd(inputs, tokenizer, out, workers, text_field, split, shard, eos, 
         fail(f"--shard {exc.message}", 2)
     except PrepareError as exc:
         fail(str(exc), 2)
+    except HubUnreachable as exc:
+        fail(str(exc), 1)
     except ImportError as exc:
         fail(f"{exc.name or exc}: not installed (pip install 'hopper-train[data]')", 2)
     except OSError as exc:  # a disk full, a directory removed meanwhile: one line, not a traceback

@@ -104,6 +104,12 @@ def _hub_tokenizer(name: str, online: bool, local_dir: bool = False):
     name_text = excerpt(name)
     if os.sep in name and not local_dir and name.startswith((".", "/")):
         raise PrepareError(f"--tokenizer {name_text}: no such file or directory")
+    down = None
+    if online and not local_dir:
+        from train.prepare.hub import unreachable
+
+        down = unreachable()
+        online = online and down is None  # no network: the local cache only (no half a minute of retries)
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -112,7 +118,7 @@ def _hub_tokenizer(name: str, online: bool, local_dir: bool = False):
         try:
             hf = AutoTokenizer.from_pretrained(name, local_files_only=not online)
         except Exception as exc:  # noqa: BLE001 - transformers raises OSError/ValueError/...
-            raise PrepareError(f"--tokenizer {name_text}: not found in {where}{hint} ({type(exc).__name__})") from None
+            raise _lookup_error(f"--tokenizer {name_text}", f"not found in {where}{hint}", exc, online, down) from None
         backend = getattr(hf, "backend_tokenizer", None)
         if backend is None:
             raise PrepareError(f"--tokenizer {name_text}: has no fast (Rust) tokenizer; save it with tokenizer.json")
@@ -126,5 +132,17 @@ def _hub_tokenizer(name: str, online: bool, local_dir: bool = False):
     try:
         file = hf_hub_download(name, "tokenizer.json", local_files_only=not online)
     except Exception as exc:  # noqa: BLE001
-        raise PrepareError(f"--tokenizer {name_text}: not found in {where}{hint} ({type(exc).__name__})") from None
+        raise _lookup_error(f"--tokenizer {name_text}", f"not found in {where}{hint}", exc, online, down) from None
     return _from_file(Path(file), name), _eos_from_config(Path(file).parent)
+
+
+def _lookup_error(what: str, missing: str, exc: BaseException, online: bool, down: str | None) -> Exception:
+    """The error of a failed Hub lookup: the network when it is down (``down``: why, from the probe
+    before the lookup) or broke during it, else the name that was not found."""
+    from train.prepare.hub import HubUnreachable, network_cause
+
+    if down is not None:
+        return HubUnreachable(f"{what}: {down}; not in the local Hugging Face cache either")
+    if online and network_cause(exc):
+        return HubUnreachable(f"{what}: network unreachable while asking the Hugging Face Hub ({type(exc).__name__})")
+    return PrepareError(f"{what}: {missing} ({type(exc).__name__})")

@@ -197,13 +197,21 @@ def _saved_dataset(item: str, path: Path, split: str | None) -> list[str]:
 def _hub_dataset(item: str, split: str | None, online: bool) -> list[str]:
     import datasets
 
+    from train.prepare.hub import HubUnreachable, network_cause, unreachable
+
     name, _, config = item[3:].partition(":")
-    if not online:
+    down = unreachable() if online else None
+    if not online or down:  # no network: the local cache only (no half a minute of retries)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         ds = datasets.load_dataset(name, config or None, split=split)
     except Exception as exc:  # noqa: BLE001
+        if down:
+            raise HubUnreachable(f"input {item}: {down}; not in the local Hugging Face cache either") from None
+        if online and network_cause(exc):
+            raise HubUnreachable(f"input {item}: network unreachable while asking the Hugging Face Hub "
+                                 f"({type(exc).__name__})") from None
         hint = "" if online else " (offline by default: pass --online to download it)"
         raise PrepareError(f"input {item}: cannot be loaded from the Hugging Face cache{hint} "
                            f"({type(exc).__name__})") from None
