@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import click
+
 from core import limits
 from launch import defaults
 from launch.backends.base import Job
+from launch.backends.registry import Backend, register
 from launch.backends.shell import (
     RDZV_ENDPOINT,
     common_context,
@@ -17,10 +20,19 @@ from launch.backends.shell import (
     torchrun_groups,
 )
 from core.errors import SpecError
+from launch.backends.torchrun import venv_param
+from launch.commandline import out_warnings
+from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.render import Quoted, Shell, render
 from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
+SLURM_OWNED = Owned(
+    "Slurm (sbatch and srun set or read them; the script uses them for srun, the rendezvous id and "
+    "scontrol/scancel)",
+    frozenset(),
+    ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_"),
+)
 
 
 @dataclass(frozen=True)
@@ -195,3 +207,28 @@ def render_job(job: Job, opts: SlurmOptions = SlurmOptions()) -> str:
         **preflight_context(spec, SLURM_JOB_ID),
     )
     return render("slurm.sbatch.j2", **ctx)
+
+
+def _params() -> list:
+    return [
+        click.Option(["--partition"], default=None),
+        click.Option(["--account"], default=None),
+        click.Option(["--time"], default=None, help="Wall-clock limit, Slurm syntax (e.g. 24:00:00)."),
+        click.Option(["--pyxis"], is_flag=True, help="Run inside --image with pyxis/enroot (srun --container-image)."),
+        click.Option(["--gpu-gres"], default=defaults.SLURM_GPU_GRES, show_default=True, metavar="NAME|none",
+                     help="GPU request: gpu (--gpus-per-node), another GRES such as gpu:h100 (--gres), "
+                          "or none (CPU-only cluster)."),
+        venv_param(),
+    ]
+
+
+BACKEND = register(Backend(
+    name="slurm",
+    help="sbatch script: one task per node running torchrun, rendezvous on the first node.",
+    render=render_job,
+    owned=lambda spec, opts: (SLURM_OWNED, TORCHRUN_OWNED),
+    params=_params,
+    parse=lambda extra, job_options: SlurmOptions.parse(**extra),
+    builder_inputs=lambda opts: {"image_syntax": "enroot" if opts.pyxis else "oci"},
+    warnings=lambda job, opts: out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else [],
+))

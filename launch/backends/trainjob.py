@@ -49,7 +49,7 @@ def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
             f"--name {spec.name!r} is too long for Kubernetes: JobSet's pod name "
             f"{longest!r} would exceed 63 characters"
         )
-    # the names the Trainer and torchrun own (PET_*...): envnames.BACKEND_OWNED, checked by the CLI
+    # the names the Trainer and torchrun own (PET_*...): runtime.TRAINER_OWNED, checked by the CLI
 
 
 def render_job(job: Job, opts: K8sOptions) -> str:

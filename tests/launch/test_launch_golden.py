@@ -56,6 +56,11 @@ CASES = {
         "k8s", "--profile", "gb200", "--nnodes", "2:4", "--fabric", "efa",
         "--rdma-resource", "vpc.amazonaws.com/efa=4", "--gang",
     ],
+    "k8s-h100-2x8-trainjob.yaml": [
+        "k8s", "--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--name", "h100-tj",
+        "--", "--config", "8b",
+    ],
+    "k8s-runtime-h200-infiniband.yaml": ["k8s-runtime", "--profile", "h200", "--nnodes", "2", "--fabric", "infiniband"],
     "profiles.txt": ["profiles"],
 }
 
@@ -69,6 +74,16 @@ def test_golden(name):
         path.write_text(text)
     assert path.is_file(), f"missing golden {name}: run with UPDATE_GOLDEN=1"
     assert text == path.read_text(), f"{name} changed: review, then UPDATE_GOLDEN=1"
+
+
+def test_every_backend_has_a_golden_and_a_docs_entry():
+    """The backends' table is the one list: each registered backend is rendered here and
+    described in docs/launch.md (a new backend needs its module, its template and this)."""
+    from launch.backends import BACKENDS
+
+    assert set(BACKENDS) <= {argv[0] for argv in CASES.values()}
+    docs = (REPO / "docs" / "launch.md").read_text()
+    assert [name for name in BACKENDS if f"**`launch {name}`**" not in docs] == []
 
 
 def test_no_orphan_goldens():
