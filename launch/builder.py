@@ -30,6 +30,8 @@ from launch.spec import (
     parse_positive_int,
     parse_quantity,
     parse_rdzv_id,
+    parse_registry,
+    registry_host,
     parse_safe_token,
     torchrun_max_restarts,
 )
@@ -41,8 +43,30 @@ class Built:
     warnings: list[str]
 
 
-def default_image(profile: catalog.Profile) -> str:
-    return f"{defaults.IMAGE_REPOSITORY}:{profile.image_target}"
+def default_image(profile: catalog.Profile, registry: str | None = None) -> str:
+    """``[REGISTRY/]hopper-train:<image target>``: the name ``make build-image`` / ``make push``
+    give the image (docker/docker.mk, ``IMAGE_NAME``)."""
+    name = f"{defaults.IMAGE_REPOSITORY}:{profile.image_target}"
+    return f"{registry}/{name}" if registry else name
+
+
+def _image(o: dict, profile: catalog.Profile) -> str:
+    registry = parse_registry(o.get("registry"))
+    if registry and o["image"] is not None:
+        raise SpecError("--registry and --image: give one (--registry REG renders REG/"
+                        f"{defaults.IMAGE_REPOSITORY}:<image target>)")
+    return parse_image(default_image(profile, registry) if o["image"] is None else o["image"],
+                       enroot=o.get("image_syntax") == "enroot")
+
+
+def check_pullable(spec: JobSpec, backend: str) -> None:
+    """A backend whose nodes pull the image (Kubernetes, Slurm + pyxis) gets a registry-qualified
+    reference, or ``--image-preloaded`` saying it is on every node already."""
+    if spec.image_preloaded or registry_host(spec.image) is not None:
+        return
+    raise SpecError(f"--image {spec.image}: a short name that the nodes of `launch {backend}` cannot pull; "
+                    "give --registry HOST[/PATH] (the REGISTRY of `make push`), a registry-qualified --image, "
+                    "or --image-preloaded if the image is loaded on every node")
 
 
 def build(o: dict) -> Built:
@@ -60,8 +84,7 @@ def build(o: dict) -> Built:
 
     nproc = _nproc_per_node(o["nproc_per_node"], profile, warnings)
     name = parse_name(o["name"])
-    image = parse_image(default_image(profile) if o["image"] is None else o["image"],
-                        enroot=o.get("image_syntax") == "enroot")
+    image = _image(o, profile)
     allow_nccl = bool(o.get("allow_undocumented_nccl"))
     host, port = parse_endpoint(o["rdzv_endpoint"], parse_port(o["rdzv_port"]))
     rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"] or name))
@@ -97,8 +120,11 @@ def build(o: dict) -> Built:
         grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
         allow_undocumented_nccl=allow_nccl,
         preflight=_preflight(o, rdzv.port),
+        image_preloaded=bool(o.get("image_preloaded")),
     )
     _check_mount_targets(spec)
+    if o.get("pulls_image"):
+        check_pullable(spec, o["pulls_image"])
     return Built(spec, warnings)
 
 

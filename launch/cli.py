@@ -24,11 +24,16 @@ LAUNCH_DIR = Path(__file__).resolve().parent
 _ARGV: list[str] = []  # the invocation, echoed into the generated files' header
 
 
-def _command_line() -> str:
-    """The invocation minus ``-o FILE``: the same output whatever file it is written to."""
+def _command_line(extra: tuple[str, ...] = ()) -> str:
+    """The invocation minus ``-o FILE``, plus ``extra`` (options taken from the environment):
+    the same output whatever file it is written to, and rendering it again gives the same."""
     from launch.render import command_line
 
-    shown, tokens = [], iter(_ARGV)
+    argv = list(_ARGV)
+    if extra:
+        cut = argv.index("--") if "--" in argv else len(argv)
+        argv[cut:cut] = list(extra)
+    shown, tokens = [], iter(argv)
     for token in tokens:
         if token == "--":
             shown += [token, *tokens]
@@ -60,7 +65,15 @@ def job_options(func):
                      help="Node count, or MIN:MAX for an elastic job."),
         click.option("--nproc-per-node", type=StrictInt(1, limits.MAX_NPROC_PER_NODE), default=None, metavar="N",
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
-        click.option("--image", default=None, help=f"Container image; default {defaults.IMAGE_REPOSITORY}:<image target>."),
+        click.option("--image", default=None,
+                     help=f"Container image; default [REGISTRY/]{defaults.IMAGE_REPOSITORY}:<image target>, the name "
+                          "`make build-image`/`make push` give it."),
+        click.option("--registry", default=None, metavar="HOST[:PORT][/PATH]",
+                     help="Registry of the default image: the REGISTRY of `make push`; without --registry and "
+                          "--image, the environment's REGISTRY (recorded in the rendered header)."),
+        click.option("--image-preloaded", is_flag=True,
+                     help="The image is on every node already (k8s: imagePullPolicy Never): a short name is "
+                          "accepted for the cluster backends."),
         click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
         click.option("-o", "--output", default=None, metavar="FILE",
                      help="Write here (atomically) instead of stdout."),
@@ -120,7 +133,13 @@ def _prepare(options: dict, backend=None, opts=None):
     from launch.backends.base import Job
     from launch.envnames import check_not_owned
 
+    import os
+
     venv = backend.venv(opts) if backend else None
+    from_env: tuple[str, ...] = ()
+    if options.get("registry") is None and options.get("image") is None and os.environ.get("REGISTRY"):
+        options = {**options, "registry": os.environ["REGISTRY"]}  # the same REGISTRY as make's
+        from_env = ("--registry", options["registry"])
     # where -o may never go first: a read-only install (an image's) would otherwise say "not writable"
     inside = [("the launch package", LAUNCH_DIR), ("the core package", catalog.PACKAGE_DIR), ("--venv", venv)]
     output.check_not_inside(options.get("output"), inside)
@@ -128,7 +147,7 @@ def _prepare(options: dict, backend=None, opts=None):
     built = builder.build({**options, **(backend.builder_inputs(opts) if backend else {})})
     output.check_not_input(options.get("output"), [*output.job_inputs(built.spec), venv])
     plan = envplan.build_env(built.spec)
-    job = Job(built.spec, plan, _command_line())
+    job = Job(built.spec, plan, _command_line(from_env))
     if backend:
         given = {name for name, _ in job.spec.env}
         named = [("--env" if v.name in given else "environment variable", v.name) for v in job.plan.variables]

@@ -115,6 +115,7 @@ class JobSpec:
     grace_period_s: int = defaults.GRACE_PERIOD_S
     allow_undocumented_nccl: bool = False
     preflight: Preflight = field(default_factory=Preflight)
+    image_preloaded: bool = False  # --image-preloaded: on every node already, never pulled
 
 
 # --------------------------------------------------------------------------- parsers
@@ -355,6 +356,38 @@ def parse_image(value: str, enroot: bool = False) -> str:
             f"(lower-case name, no spaces, no leading '-'){hint}"
         )
     return value
+
+
+def registry_host(value: str) -> str | None:
+    """The registry an image reference names, None for a short name that each engine resolves
+    its own way (docker: docker.io/library; podman: short-name aliases or an error; enroot: Docker
+    Hub): the first path component with a '.' or ':' or ``localhost`` (distribution/reference's
+    normalization), enroot's ``[USER@]HOST#``, or a local ``/path.sqsh`` (a file, not a pull)."""
+    if value.startswith("/"):
+        return "file"
+    if "#" in value:
+        return value.split("#", 1)[0].rsplit("@", 1)[-1]
+    head, slash, _ = value.partition("/")
+    if slash and ("." in head or ":" in head or head == "localhost"):
+        return head
+    return None
+
+
+def parse_registry(value: str | None) -> str | None:
+    """``--registry HOST[:PORT][/PATH]``: where ``make push`` put the image; the default image is
+    REGISTRY/hopper-train:<image target>, the name ``make build-image push REGISTRY=...`` gives it."""
+    if value is None:
+        return None
+    text = value.rstrip("/")
+    probe = f"{text}/{defaults.IMAGE_REPOSITORY}:x"
+    if not text or not _OCI_REFERENCE.fullmatch(probe) or registry_host(probe) is None:
+        raise SpecError(f"--registry {excerpt(value)}: expected HOST[:PORT][/PATH] (a registry host with a '.' or "
+                        "a port, or localhost), e.g. registry.example.com/team")
+    try:
+        _check_registry(probe)
+    except SpecError as exc:
+        raise SpecError(f"--registry {excerpt(value)}: {str(exc).split(': ', 1)[-1]}") from None
+    return text
 
 
 def _check_registry(value: str) -> None:

@@ -44,6 +44,7 @@ BACKEND = register(Backend(
     owned=lambda spec, opts: API_OWNED[resolve_api(spec, opts)],
     params=_params,
     parse=_parse,
+    builder_inputs=lambda opts: {"pulls_image": "k8s"},
     secret_env=lambda opts: opts.secret_env,
     warnings=k8s_warnings,
     executable=False,

@@ -72,6 +72,7 @@ class Pod:
     compute_domain: ComputeDomain | None
     container: str
     image: str
+    pull_policy: str  # IfNotPresent; Never for --image-preloaded
     args: tuple | None
     port: Port | None
     env: tuple
@@ -166,6 +167,7 @@ def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_reso
         "port": None,
         "env": plan.variables,
         "secret_env": (),
+        "pull_policy": "Never" if spec.image_preloaded else "IfNotPresent",
         "resources": tuple(resources),
         "ipc_lock": spec.fabric.ipc_lock,
         "checkpoint_dir": spec.checkpoint_dir,

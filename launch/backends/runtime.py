@@ -127,6 +127,7 @@ BACKEND = register(Backend(
     owned=owners(TRAINER_OWNED, TORCHRUN_OWNED),
     params=k8s_params,
     parse=parse_k8s,
+    builder_inputs=lambda opts: {"pulls_image": "k8s"},
     secret_env=lambda opts: opts.secret_env,
     warnings=k8s_warnings,
     executable=False,

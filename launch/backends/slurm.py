@@ -24,7 +24,7 @@ from launch.backends.torchrun import venv_param
 from launch.commandline import out_warnings
 from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.render import Quoted, Shell, render
-from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
+from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value, registry_host
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
 SLURM_OWNED = Owned(
@@ -186,11 +186,22 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
          "the job's CPUs for each task: srun >= 22.05 does not inherit --cpus-per-task from sbatch"),
     ]
     if opts.pyxis:
-        flags.append((f"--container-image={spec.image}", "pyxis/enroot: run torchrun inside the image"))
+        flags.append((f"--container-image={enroot_image(spec.image)}",
+                      "pyxis/enroot: run torchrun inside the image (enroot's [USER@][REGISTRY#]IMAGE[:TAG])"))
         mounts = [f"{m.source}:{m.target}{':ro' if m.read_only else ''}" for m in spec.mounts]
         mounts.append(f"{spec.checkpoint_dir}:{spec.checkpoint_dir}")
         flags.append((f"--container-mounts={','.join(mounts)}", "--mount and the checkpoint directory"))
     return flags
+
+
+def enroot_image(image: str) -> str:
+    """An OCI reference ``HOST/PATH:TAG`` in enroot's form ``HOST#PATH:TAG``: enroot reads a
+    reference without '#' as a Docker Hub path (``docker://[USER@][REGISTRY#]IMAGE[:TAG]``,
+    enroot doc/cmd/import.md). Enroot forms, files and short names stay as given."""
+    host = registry_host(image)
+    if host is None or host == "file" or "#" in image:
+        return image
+    return f"{host}#{image[len(host) + 1:]}"
 
 
 def render_job(job: Job, opts: SlurmOptions = SlurmOptions()) -> str:
@@ -229,6 +240,7 @@ BACKEND = register(Backend(
     owned=lambda spec, opts: (SLURM_OWNED, TORCHRUN_OWNED),
     params=_params,
     parse=lambda extra, job_options: SlurmOptions.parse(**extra),
-    builder_inputs=lambda opts: {"image_syntax": "enroot" if opts.pyxis else "oci"},
+    builder_inputs=lambda opts: ({"image_syntax": "enroot", "pulls_image": "slurm --pyxis"} if opts.pyxis
+                                 else {"image_syntax": "oci"}),
     warnings=lambda job, opts: out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else [],
 ))
