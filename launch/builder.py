@@ -108,7 +108,7 @@ def build(o: dict) -> Built:
         checkpoint_dir=check_checkpoint_dir(o["checkpoint_dir"]),
         resources=Resources(
             cpus=parse_quantity("--cpus", o["cpus"]),
-            memory=parse_quantity("--memory", o["memory"]),
+            memory="0" if o["memory"] == "0" else parse_quantity("--memory", o["memory"]),  # 0: Slurm's whole node
         ),
         debug=parse_debug(o["nccl_debug"], o["nccl_debug_subsys"], o["flight_recorder"]),
         network=NetworkOverrides(

@@ -200,6 +200,9 @@ def check_manifest_size(text: str) -> str:
 def cpu_memory(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.resources.cpus is not None:
         parse_quantity("--cpus", spec.resources.cpus)
+    if spec.resources.memory == "0":
+        raise SpecError("--memory 0 is Slurm's 'all of the node's memory'; a Kubernetes pod needs a quantity "
+                        "such as 512Gi")
     out = []
     if spec.resources.cpus:
         out.append(("cpu", spec.resources.cpus))
