@@ -9,6 +9,7 @@ from core import catalog, limits
 from launch import defaults
 from launch.commandline import PREFLIGHT_PORT_OFFSET
 from launch.entrypoint import parse_entrypoint
+from launch.images import parse_image, parse_registry, registry_host
 from core.safety import canonical_path
 from launch.spec import (
     JobSpec,
@@ -22,7 +23,6 @@ from launch.spec import (
     parse_debug,
     parse_endpoint,
     parse_env_pairs,
-    parse_image,
     parse_mount,
     parse_name,
     parse_nnodes,
@@ -30,8 +30,6 @@ from launch.spec import (
     parse_positive_int,
     parse_quantity,
     parse_rdzv_id,
-    parse_registry,
-    registry_host,
     parse_safe_token,
     torchrun_max_restarts,
 )
@@ -83,7 +81,7 @@ def build(o: dict) -> Built:
     catalog.check_compatible(profile, fabric, nodes.multi_node)
 
     nproc = _nproc_per_node(o["nproc_per_node"], profile, warnings)
-    name = parse_name(o["name"])
+    name = parse_name(o["name"], o.get("name_rule", "container"))
     image = _image(o, profile)
     allow_nccl = bool(o.get("allow_undocumented_nccl"))
     host, port = parse_endpoint(o["rdzv_endpoint"], parse_port(o["rdzv_port"]))

@@ -65,6 +65,20 @@ def job_options(func):
                      help="Node count, or MIN:MAX for an elastic job."),
         click.option("--nproc-per-node", type=StrictInt(1, limits.MAX_NPROC_PER_NODE), default=None, metavar="N",
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
+        click.option("--name", default="train", show_default=True,
+                     help="Job name: a container/Slurm job name; a DNS-1035 label for Kubernetes."),
+        click.option("-o", "--output", default=None, metavar="FILE",
+                     help="Write here (atomically) instead of stdout."),
+    ]
+    func = _image_options(func)  # the options after these, [-- TRAIN_ARGS...] last
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _image_options(func):
+    """The rest of the job description (image, name, rendezvous, environment, ...)."""
+    options = [
         click.option("--image", default=None,
                      help=f"Container image; default [REGISTRY/]{defaults.IMAGE_REPOSITORY}:<image target>, the name "
                           "`make build-image`/`make push` give it."),
@@ -74,9 +88,6 @@ def job_options(func):
         click.option("--image-preloaded", is_flag=True,
                      help="The image is on every node already (k8s: imagePullPolicy Never): a short name is "
                           "accepted for the cluster backends."),
-        click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
-        click.option("-o", "--output", default=None, metavar="FILE",
-                     help="Write here (atomically) instead of stdout."),
         click.option("--rdzv-endpoint", default=None, metavar="HOST[:PORT]",
                      help="c10d rendezvous host for multi-node torchrun/docker scripts."),
         click.option("--rdzv-port", type=StrictInt(1, 65535), default=defaults.RDZV_PORT, show_default=True),
@@ -90,7 +101,7 @@ def job_options(func):
                           "variables; NCCL_NVLS_ENABLE only 0)."),
         click.option("--allow-undocumented-nccl", is_flag=True,
                      help="Accept NCCL_* names in --env/--env-secret that NCCL does not document."),
-        click.option("--mount", multiple=True, metavar="SRC:DST[:ro]",
+        click.option("--mount", multiple=True, metavar="SRC:DST[:OPTIONS]",
                      help="Host path to mount (docker, Slurm+pyxis)."),
         click.option("--checkpoint-dir", default=defaults.CHECKPOINT_DIR, show_default=True,
                      help="Checkpoint directory inside the job (mounted volume / shared FS)."),

@@ -50,7 +50,7 @@ def docker_flags(spec: JobSpec) -> list[tuple[str, str]]:
     for cap in spec.fabric.docker_cap_add:
         flags.append((f"--cap-add={cap}", f"fabric {spec.fabric.name}: NCCL registers (pins) memory for RDMA"))
     for mount in spec.mounts:
-        suffix = ":ro" if mount.read_only else ""
+        suffix = ":" + ",".join(mount.options) if mount.options else ""
         flags.append((f"--volume={mount.source}:{mount.target}{suffix}", "--mount"))
     flags.append(
         (

@@ -25,7 +25,8 @@ from launch.backends.torchrun import venv_param
 from launch.commandline import out_warnings
 from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.render import Quoted, Shell, render
-from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, registry_host
+from launch.images import registry_host
+from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
 SLURM_OWNED = Owned(
@@ -214,6 +215,10 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
     if opts.pyxis:
         flags.append((f"--container-image={enroot_image(spec.image)}",
                       "pyxis/enroot: run torchrun inside the image (enroot's [USER@][REGISTRY#]IMAGE[:TAG])"))
+        for m in spec.mounts:
+            if set(m.options) - {"ro", "rw"}:
+                raise SpecError(f"--mount {m.source}:{m.target}:{','.join(m.options)}: pyxis/enroot mounts take ro "
+                                "or rw only (SELinux relabel and propagation are docker/podman's)")
         mounts = [f"{m.source}:{m.target}{':ro' if m.read_only else ''}" for m in spec.mounts]
         mounts.append(f"{spec.checkpoint_dir}:{spec.checkpoint_dir}")
         flags.append((f"--container-mounts={','.join(mounts)}", "--mount and the checkpoint directory"))

@@ -32,7 +32,8 @@ def _images(text: str) -> set[str]:
 
 
 @pytest.mark.parametrize(("profile", "target"), [("h100", "hopper"), ("b200", "blackwell")])
-def test_make_and_launch_name_the_image_alike(profile, target):
+def test_make_and_launch_name_the_image_alike(profile, target, monkeypatch):
+    monkeypatch.delenv("REGISTRY")
     name = _make_image_name(f"TARGET={target}", f"REGISTRY={REG}")
     assert name == f"{REG}/hopper-train:{target}"
     assert _images(render(["k8s", "--profile", profile, "--registry", REG])) == {name}
@@ -60,7 +61,8 @@ def test_a_short_name_on_a_cluster_is_one_line_naming_the_option(argv):
     assert len(err.strip().splitlines()) == 1 and "--image-preloaded" in err and "--registry" in err, err
 
 
-def test_preloaded_short_name_is_never_pulled():
+def test_preloaded_short_name_is_never_pulled(monkeypatch):
+    monkeypatch.delenv("REGISTRY")
     text = render(["k8s", "--profile", "h100", "--api", "pytorchjob", "--image-preloaded"])
     assert "imagePullPolicy: Never" in text and '"hopper-train:hopper"' in text
     assert "imagePullPolicy: IfNotPresent" in render(["k8s-runtime", "--profile", "h100", "--registry", REG])
