@@ -80,6 +80,9 @@ launch_node_addr() {
     if [[ -z $launch_addr && $route =~ \ src\ ([^ ]+) ]]; then
       launch_addr=${BASH_REMATCH[1]}
     fi
+    if [[ -z $launch_ifname && $route == local\ * ]]; then  # this node is the host: the interface holding $ip
+      launch_ifname=$(ip -o addr show to "$ip" 2>/dev/null | awk 'NR == 1 { print $2 }') || launch_ifname=""
+    fi
     if [[ -z $launch_ifname && $route =~ \ dev\ ([^ ]+) ]]; then
       launch_ifname=${BASH_REMATCH[1]}
     fi
