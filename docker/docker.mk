@@ -5,8 +5,9 @@
 #                       [BASE_IMAGE=...] [ENGINE=docker|podman]
 #                       [PLATFORMS=linux/amd64,linux/arm64] [PIP_CA_BUNDLE=/path/ca.crt]
 #   make push           REGISTRY=registry.example.com/team [TARGET=...]
+#   make image-name     [REGISTRY=...] [TARGET=...]   (the name `launch --registry` renders)
 #   make test-container TARGET=...   (pytest inside the image; GPU tests when nvidia-smi works)
-#   make k8s-apply      [K8S_DIR=k8s] [KUBECTL_ARGS=--namespace=...]
+#   make k8s-apply      FILE=job.yaml [KUBECTL_ARGS=--namespace=...]   (one rendered job)
 # See docker/README.md.
 
 # Do not let these rules become the default goal of the including Makefile.
@@ -20,7 +21,10 @@ DOCKER_TARGETS := hopper blackwell hopper-cu128 blackwell-cu13 hopper-efa blackw
 include docker/efa-versions.env
 EFA_SRC_DIR ?= build/efa-src
 TARGET ?= hopper
-IMAGE ?= hopper-train:$(TARGET)
+# One name from build to push to every render: IMAGE_REPOSITORY is launch/defaults.py's, and
+# `launch ... --registry $(REGISTRY)` renders $(IMAGE_NAME) for a profile of image target $(TARGET).
+IMAGE_REPOSITORY := hopper-train
+IMAGE ?= $(IMAGE_REPOSITORY):$(TARGET)
 NGC_CU128 := nvcr.io/nvidia/pytorch:25.03-py3
 NGC_CU13 := nvcr.io/nvidia/pytorch:25.12-py3
 _VARIANT_hopper-cu128 = --build-arg BASE_IMAGE=$(NGC_CU128) --build-arg BASE_CUDA=12.8 \
@@ -45,7 +49,8 @@ IMAGE_REVISION ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown
 IMAGE_SOURCE ?= $(shell sed -n 's/^Source *= *"\(.*\)"/\1/p' pyproject.toml | head -n 1)
 # multi-platform docker buildx output: pushed when REGISTRY is set, else an OCI archive
 OCI_ARCHIVE ?= build/images/hopper-train-$(TARGET).oci.tar
-REMOTE_IMAGE = $(REGISTRY)/$(IMAGE)
+REMOTE_IMAGE = $(REGISTRY:%/=%)/$(IMAGE)
+IMAGE_NAME = $(if $(strip $(REGISTRY)),$(REMOTE_IMAGE),$(IMAGE))
 
 _BUILD_FLAGS = -f $(DOCKERFILE) \
 	--build-arg VERSION=$(IMAGE_VERSION) \
@@ -65,10 +70,9 @@ _TEST_RUN_FLAGS = $(if $(HAVE_GPU),$(_GPU_FLAGS_$(ENGINE)) --ipc=host --ulimit m
 TEST_PYTEST_ARGS ?= -q $(if $(HAVE_GPU),,-m "not gpu") -p no:cacheprovider tests
 
 KUBECTL ?= kubectl
-K8S_DIR ?= k8s
 KUBECTL_ARGS ?=
 
-.PHONY: build-image push test-container k8s-apply docker-check-target efa-src
+.PHONY: build-image push image-name test-container k8s-apply docker-check-target efa-src
 
 # Expanded only when one of the rules below runs, so other goals never trip on it.
 docker-check-target:  ## check that TARGET names an image variant (run by the image targets)
@@ -81,7 +85,7 @@ efa-src:  ## source tarballs of the EFA image variants (EFA_SRC_DIR; LIBFABRIC_G
 
 build-image: docker-check-target $(if $(filter %-efa,$(TARGET)),efa-src)  ## build the image TARGET=hopper|blackwell|... [ENGINE= PLATFORMS= BASE_IMAGE=]
 ifeq ($(strip $(PLATFORMS)),)
-	$(ENGINE) build $(_BUILD_FLAGS) -t $(IMAGE) .
+	$(ENGINE) build $(_BUILD_FLAGS) -t $(IMAGE)$(if $(strip $(REGISTRY)), -t $(REMOTE_IMAGE)) .
 else ifeq ($(ENGINE),docker)
 	@mkdir -p $(dir $(OCI_ARCHIVE))
 	docker buildx build --platform $(PLATFORMS) $(_BUILD_FLAGS) \
@@ -102,11 +106,20 @@ else
 	podman manifest push --all $(IMAGE) docker://$(REMOTE_IMAGE)
 endif
 
+# The image's name as the renders use it (`launch k8s --registry $(REGISTRY)`).
+image-name: docker-check-target  ## print the image name the renders use (REGISTRY=)
+	@echo $(IMAGE_NAME)
+
 test-container: docker-check-target  ## pytest inside the image TARGET (GPU tests where nvidia-smi works)
 	$(ENGINE) run --rm $(_TEST_RUN_FLAGS) -w /opt/hopper-train $(IMAGE) pytest $(TEST_PYTEST_ARGS)
 
-k8s-apply:  ## kubectl apply the manifests under K8S_DIR (default k8s/) [KUBECTL_ARGS=]
+# One rendered job (a multi-document file: TrainJob with its runtime, or a PyTorchJob), never a
+# whole folder: k8s/ holds examples for several clusters.
+FILE ?=
+k8s-apply:  ## kubectl apply one rendered job: FILE=job.yaml [KUBECTL_ARGS=]
+	$(if $(strip $(FILE)),@:,$(error k8s-apply: give FILE=job.yaml (one file rendered by launch k8s)))
+	$(if $(wildcard $(FILE)),@:,$(error k8s-apply: FILE=$(FILE): no such file))
 	@command -v $(KUBECTL) >/dev/null || { echo "docker.mk: $(KUBECTL) not found" >&2; exit 2; }
-	$(KUBECTL) apply -R -f $(K8S_DIR) $(KUBECTL_ARGS)
+	$(KUBECTL) apply -f "$(FILE)" $(KUBECTL_ARGS)
 
 .DEFAULT_GOAL := $(_DOCKER_MK_DEFAULT_GOAL)

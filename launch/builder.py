@@ -9,6 +9,7 @@ from core import catalog, limits
 from launch import defaults
 from launch.commandline import PREFLIGHT_PORT_OFFSET
 from launch.entrypoint import parse_entrypoint
+from launch.images import parse_image, parse_registry, registry_host
 from core.safety import canonical_path
 from launch.spec import (
     JobSpec,
@@ -22,7 +23,6 @@ from launch.spec import (
     parse_debug,
     parse_endpoint,
     parse_env_pairs,
-    parse_image,
     parse_mount,
     parse_name,
     parse_nnodes,
@@ -41,8 +41,30 @@ class Built:
     warnings: list[str]
 
 
-def default_image(profile: catalog.Profile) -> str:
-    return f"{defaults.IMAGE_REPOSITORY}:{profile.image_target}"
+def default_image(profile: catalog.Profile, registry: str | None = None) -> str:
+    """``[REGISTRY/]hopper-train:<image target>``: the name ``make build-image`` / ``make push``
+    give the image (docker/docker.mk, ``IMAGE_NAME``)."""
+    name = f"{defaults.IMAGE_REPOSITORY}:{profile.image_target}"
+    return f"{registry}/{name}" if registry else name
+
+
+def _image(o: dict, profile: catalog.Profile) -> str:
+    registry = parse_registry(o.get("registry"))
+    if registry and o["image"] is not None:
+        raise SpecError("--registry and --image: give one (--registry REG renders REG/"
+                        f"{defaults.IMAGE_REPOSITORY}:<image target>)")
+    return parse_image(default_image(profile, registry) if o["image"] is None else o["image"],
+                       enroot=o.get("image_syntax") == "enroot")
+
+
+def check_pullable(spec: JobSpec, backend: str) -> None:
+    """A backend whose nodes pull the image (Kubernetes, Slurm + pyxis) gets a registry-qualified
+    reference, or ``--image-preloaded`` saying it is on every node already."""
+    if spec.image_preloaded or registry_host(spec.image) is not None:
+        return
+    raise SpecError(f"--image {spec.image}: a short name that the nodes of `launch {backend}` cannot pull; "
+                    "give --registry HOST[/PATH] (the REGISTRY of `make push`), a registry-qualified --image, "
+                    "or --image-preloaded if the image is loaded on every node")
 
 
 def build(o: dict) -> Built:
@@ -59,9 +81,8 @@ def build(o: dict) -> Built:
     catalog.check_compatible(profile, fabric, nodes.multi_node)
 
     nproc = _nproc_per_node(o["nproc_per_node"], profile, warnings)
-    name = parse_name(o["name"])
-    image = parse_image(default_image(profile) if o["image"] is None else o["image"],
-                        enroot=o.get("image_syntax") == "enroot")
+    name = parse_name(o["name"], o.get("name_rule", "container"))
+    image = _image(o, profile)
     allow_nccl = bool(o.get("allow_undocumented_nccl"))
     host, port = parse_endpoint(o["rdzv_endpoint"], parse_port(o["rdzv_port"]))
     rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"] or name))
@@ -85,7 +106,7 @@ def build(o: dict) -> Built:
         checkpoint_dir=check_checkpoint_dir(o["checkpoint_dir"]),
         resources=Resources(
             cpus=parse_quantity("--cpus", o["cpus"]),
-            memory=parse_quantity("--memory", o["memory"]),
+            memory="0" if o["memory"] == "0" else parse_quantity("--memory", o["memory"]),  # 0: Slurm's whole node
         ),
         debug=parse_debug(o["nccl_debug"], o["nccl_debug_subsys"], o["flight_recorder"]),
         network=NetworkOverrides(
@@ -97,8 +118,11 @@ def build(o: dict) -> Built:
         grace_period_s=parse_positive_int("--grace-period", o["grace_period"], minimum=30),
         allow_undocumented_nccl=allow_nccl,
         preflight=_preflight(o, rdzv.port),
+        image_preloaded=bool(o.get("image_preloaded")),
     )
     _check_mount_targets(spec)
+    if o.get("pulls_image"):
+        check_pullable(spec, o["pulls_image"])
     return Built(spec, warnings)
 
 

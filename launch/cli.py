@@ -1,8 +1,9 @@
 """``launch``: describe a training job once, get launchers that fit the hardware.
 
-Only click and the leaf modules ``defaults``, ``errors``, ``safety`` and ``clicktypes`` are imported at
-start-up; the spec, Jinja, YAML and the backends (``launch.backends``) load inside the
-commands, so ``launch --help`` stays fast and torch is never imported.
+One subcommand per entry of the backends' table (``launch.backends.BACKENDS``), built here
+with the shared job options; the backends' modules load at start-up, Jinja, YAML and the
+hardware catalog only inside the commands, so ``launch --help`` stays fast and torch is
+never imported.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ LAUNCH_DIR = Path(__file__).resolve().parent
 _ARGV: list[str] = []  # the invocation, echoed into the generated files' header
 
 
-def _command_line() -> str:
-    """The invocation minus ``-o FILE``: the same output whatever file it is written to."""
+def _command_line(extra: tuple[str, ...] = ()) -> str:
+    """The invocation minus ``-o FILE``, plus ``extra`` (options taken from the environment):
+    the same output whatever file it is written to, and rendering it again gives the same."""
     from launch.render import command_line
 
-    shown, tokens = [], iter(_ARGV)
+    argv = list(_ARGV)
+    if extra:
+        cut = argv.index("--") if "--" in argv else len(argv)
+        argv[cut:cut] = list(extra)
+    shown, tokens = [], iter(argv)
     for token in tokens:
         if token == "--":
             shown += [token, *tokens]
@@ -59,10 +65,29 @@ def job_options(func):
                      help="Node count, or MIN:MAX for an elastic job."),
         click.option("--nproc-per-node", type=StrictInt(1, limits.MAX_NPROC_PER_NODE), default=None, metavar="N",
                      help="Processes (GPUs) per node; default: the profile's GPUs per node."),
-        click.option("--image", default=None, help=f"Container image; default {defaults.IMAGE_REPOSITORY}:<image target>."),
-        click.option("--name", default="train", show_default=True, help="Job name (DNS-1035 label)."),
+        click.option("--name", default="train", show_default=True,
+                     help="Job name: a container/Slurm job name; a DNS-1035 label for Kubernetes."),
         click.option("-o", "--output", default=None, metavar="FILE", type=LocalPath(),
                      help="Write here (atomically) instead of stdout."),
+    ]
+    func = _image_options(func)  # the options after these, [-- TRAIN_ARGS...] last
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _image_options(func):
+    """The rest of the job description (image, name, rendezvous, environment, ...)."""
+    options = [
+        click.option("--image", default=None,
+                     help=f"Container image; default [REGISTRY/]{defaults.IMAGE_REPOSITORY}:<image target>, the name "
+                          "`make build-image`/`make push` give it."),
+        click.option("--registry", default=None, metavar="HOST[:PORT][/PATH]",
+                     help="Registry of the default image: the REGISTRY of `make push`; without --registry and "
+                          "--image, the environment's REGISTRY (recorded in the rendered header)."),
+        click.option("--image-preloaded", is_flag=True,
+                     help="The image is on every node already (k8s: imagePullPolicy Never): a short name is "
+                          "accepted for the cluster backends."),
         click.option("--rdzv-endpoint", default=None, metavar="HOST[:PORT]",
                      help="c10d rendezvous host for multi-node torchrun/docker scripts."),
         click.option("--rdzv-port", type=StrictInt(1, 65535), default=defaults.RDZV_PORT, show_default=True),
@@ -76,7 +101,7 @@ def job_options(func):
                           "variables; NCCL_NVLS_ENABLE only 0)."),
         click.option("--allow-undocumented-nccl", is_flag=True,
                      help="Accept NCCL_* names in --env/--env-secret that NCCL does not document."),
-        click.option("--mount", multiple=True, metavar="SRC:DST[:ro]",
+        click.option("--mount", multiple=True, metavar="SRC:DST[:OPTIONS]",
                      help="Host path to mount (docker, Slurm+pyxis)."),
         click.option("--checkpoint-dir", default=defaults.CHECKPOINT_DIR, show_default=True,
                      help="Checkpoint directory inside the job (mounted volume / shared FS)."),
@@ -110,35 +135,38 @@ def job_options(func):
     return func
 
 
-def _prepare(options: dict, backend: str | None = None, venv: str | None = None):
+def _prepare(options: dict, backend=None, opts=None):
     """What every backend renders (``backends.base.Job``: spec, environment, command line),
-    warnings printed; errors surface as SpecError. ``backend``: refuse the names its runtime owns
-    (Kubernetes checks them once the API is known); ``venv``: -o never goes inside it."""
+    warnings printed; errors surface as SpecError. ``backend`` (a ``registry.Backend``): refuse
+    the names its runtime owns, and -o never goes inside its ``--venv``."""
     from core import catalog
     from launch import builder, envplan, output
     from launch.backends.base import Job
+    from launch.envnames import check_not_owned
 
+    import os
+
+    venv = backend.venv(opts) if backend else None
+    from_env: tuple[str, ...] = ()
+    if options.get("registry") is None and options.get("image") is None and os.environ.get("REGISTRY"):
+        options = {**options, "registry": os.environ["REGISTRY"]}  # the same REGISTRY as make's
+        from_env = ("--registry", options["registry"])
     # where -o may never go first: a read-only install (an image's) would otherwise say "not writable"
     inside = [("the launch package", LAUNCH_DIR), ("the core package", catalog.PACKAGE_DIR), ("--venv", venv)]
     output.check_not_inside(options.get("output"), inside)
     output.check_target(options.get("output"))
-    built = builder.build(options)
+    built = builder.build({**options, **(backend.builder_inputs(opts) if backend else {})})
     output.check_not_input(options.get("output"), [*output.job_inputs(built.spec), venv])
     plan = envplan.build_env(built.spec)
-    job = Job(built.spec, plan, _command_line())
+    job = Job(built.spec, plan, _command_line(from_env))
     if backend:
-        _check_owned(backend, job)
+        given = {name for name, _ in job.spec.env}
+        named = [("--env" if v.name in given else "environment variable", v.name) for v in job.plan.variables]
+        named += [("--env-secret", s.name) for s in backend.secret_env(opts)]
+        check_not_owned(backend.owned(job.spec, opts), named)
     for message in built.warnings + list(plan.warnings):
         _warn(message)
     return job
-
-
-def _check_owned(backend: str, job, secret_env=()) -> None:
-    from launch.envnames import check_not_owned
-
-    given = {name for name, _ in job.spec.env}
-    named = [("--env" if v.name in given else "environment variable", v.name) for v in job.plan.variables]
-    check_not_owned(backend, named + [("--env-secret", s.name) for s in secret_env])
 
 
 def _emit(text: str, options: dict, executable: bool) -> None:
@@ -169,173 +197,33 @@ def cli() -> None:
     """
 
 
-VENV_OPTION = click.option("--venv", default=None, metavar="DIR",
-                           help="Virtual environment whose bin/ (torchrun, python) the script puts first on PATH.")
-
-
-@cli.command("torchrun")
-@job_options
-@VENV_OPTION
-def torchrun_cmd(**options):
-    """Bash script running torchrun (standalone, or c10d rendezvous on every node)."""
-    from launch.backends import torchrun
-
-    opts = torchrun.TorchrunOptions.parse(options.pop("venv"))
-    _emit(torchrun.render_job(_prepare(options, "torchrun", opts.venv), opts), options, executable=True)
-
-
-@cli.command("docker")
-@job_options
-@click.option("--cpu", is_flag=True,
-              help="CPU variant (a laptop, no GPUs): LAUNCH_GPUS=none by default, workers use gloo.")
-def docker_cmd(**options):
-    """Bash script running torchrun in `docker run` / `podman run` with what NGC containers need.
-
-    The script detects the engine (LAUNCH_ENGINE overrides), names the container after
-    the job, creates the checkpoint directory writable for the container and passes
-    LAUNCH_ENGINE_FLAGS to the engine; see docs/launch.md.
-    """
-    from launch.backends import docker
-    from launch.commandline import out_warnings
-
-    options, extra = _job_keys(options, ("cpu",))
-    job = _prepare(options, "docker")
-    for message in out_warnings(job.spec, "docker"):
+def _run_backend(backend, options: dict) -> None:
+    """One ``launch NAME``: its options parsed, the job built and checked, the text written."""
+    options, extra = _job_keys(options, tuple(p.name for p in backend.params()))
+    opts = backend.parse(extra, options)
+    job = _prepare(options, backend, opts)
+    for message in backend.warnings(job, opts):
         _warn(message)
-    _emit(docker.render_job(job, docker.DockerOptions(cpu=extra["cpu"])), options, executable=True)
+    _emit(backend.render(job, opts), options, executable=backend.executable)
 
 
-SLURM_KEYS = ("partition", "account", "time", "pyxis", "gpu_gres", "venv")
+def _backend_command(backend) -> click.Command:
+    def callback(**options):
+        _run_backend(backend, options)
+
+    command = click.command(backend.name, help=backend.help)(job_options(callback))
+    command.params[-1:-1] = backend.params()  # before [-- TRAIN_ARGS...]
+    return command
 
 
-@cli.command("slurm")
-@job_options
-@click.option("--partition", default=None)
-@click.option("--account", default=None)
-@click.option("--time", default=None, help="Wall-clock limit, Slurm syntax (e.g. 24:00:00).")
-@click.option("--pyxis", is_flag=True, help="Run inside --image with pyxis/enroot (srun --container-image).")
-@click.option("--gpu-gres", default=defaults.SLURM_GPU_GRES, show_default=True, metavar="NAME|none",
-              help="GPU request: gpu (--gpus-per-node), another GRES such as gpu:h100 (--gres), "
-                   "or none (CPU-only cluster).")
-@VENV_OPTION
-def slurm_cmd(**options):
-    """sbatch script: one task per node running torchrun, rendezvous on the first node."""
-    from launch.backends import slurm
-    from launch.commandline import out_warnings
+def _add_backends() -> None:
+    from launch.backends import BACKENDS
 
-    options, extra = _job_keys(options, SLURM_KEYS)
-    opts = slurm.SlurmOptions.parse(**extra)
-    options["image_syntax"] = "enroot" if opts.pyxis else "oci"
-    job = _prepare(options, "slurm", opts.venv)
-    for message in out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else []:
-        _warn(message)
-    _emit(slurm.render_job(job, opts), options, executable=True)
+    for backend in BACKENDS.values():
+        cli.add_command(_backend_command(backend))
 
 
-K8S_KEYS = ("namespace", "pvc", "shm_size", "rdma_resource", "queue", "gang", "image_pull_secret",
-            "node_selector", "pod_annotation", "backoff_limit", "ttl_seconds", "env_secret", "runtime",
-            "compute_domain")
-
-
-def k8s_options(func):
-    """Kubernetes options shared by `launch k8s` and `launch k8s-runtime`."""
-    options = [
-        click.option("--namespace", default=None),
-        click.option("--pvc", default=defaults.K8S_PVC, show_default=True, help="PersistentVolumeClaim for --checkpoint-dir."),
-        click.option("--shm-size", default=defaults.K8S_SHM_SIZE, show_default=True, help="Size limit of the memory-backed /dev/shm."),
-        click.option("--rdma-resource", default=None, metavar="DOMAIN/NAME[=COUNT]",
-                     help="RDMA device-plugin resource; default from the fabric."),
-        click.option("--queue", default=None, help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name on the job)."),
-        click.option("--gang", is_flag=True,
-                     help="Gang scheduling: runtime podGroupPolicy.coscheduling (TrainJob) or "
-                          "runPolicy.schedulingPolicy.minAvailable (PyTorchJob)."),
-        click.option("--image-pull-secret", multiple=True, help="Registry credentials Secret name (repeatable)."),
-        click.option("--node-selector", multiple=True, metavar="KEY=VALUE"),
-        click.option("--pod-annotation", multiple=True, metavar="KEY=VALUE", help="E.g. a Multus network for RoCE."),
-        click.option("--backoff-limit", type=StrictInt(0, 1000), default=defaults.K8S_BACKOFF_LIMIT, show_default=True,
-                     help="PyTorchJob runPolicy.backoffLimit / runtime JobSet failurePolicy.maxRestarts."),
-        click.option("--ttl-seconds", type=StrictInt(0, 2**31 - 1), default=defaults.K8S_TTL_S, show_default=True,
-                     help="Seconds a finished job is kept (ttlSecondsAfterFinished)."),
-        click.option("--env-secret", multiple=True, metavar="NAME=SECRET:KEY", help="Env var from a Secret key."),
-        click.option("--runtime", default=None, metavar="NAME",
-                     help="ClusterTrainingRuntime name; default <profile>-<fabric>-<hash of its content>."),
-        click.option("--compute-domain/--no-compute-domain", default=True, show_default=True,
-                     help="Multi-node jobs on multi-node NVLink profiles (gb200): a DRA ComputeDomain "
-                          "(IMEX channel), NVLink-domain pod affinity and NCCL_MNNVL_ENABLE=1."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def _k8s_prepare(options: dict):
-    from launch.backends import k8s_options
-
-    options, extra = _job_keys(options, K8S_KEYS + tuple(k for k in ("api",) if k in options))
-    opts = k8s_options.parse_options(
-        extra["namespace"], extra["pvc"], extra["shm_size"], extra["rdma_resource"], extra["queue"],
-        extra["gang"], extra["image_pull_secret"], extra["node_selector"], extra["pod_annotation"],
-        extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"], api=extra.get("api"),
-        runtime=extra["runtime"], compute_domain=extra["compute_domain"],
-        allow_undocumented_nccl=options["allow_undocumented_nccl"],
-    )
-    job = _prepare(options)
-    if job.spec.mounts:
-        _warn("k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead")
-    from launch.commandline import out_warnings
-
-    for message in k8s_options.secret_warnings(job.spec) + out_warnings(job.spec, "k8s", mounts=False):
-        _warn(message)
-    return options, job, opts
-
-
-@cli.command("k8s")
-@job_options
-@k8s_options
-@click.option("--api", type=click.Choice(["trainjob", "pytorchjob"]), default=None,
-              help="trainjob: Kubeflow Trainer v2 TrainJob (default for fixed-size jobs); pytorchjob: "
-                   "training-operator v1 PyTorchJob (default for elastic MIN:MAX jobs: Trainer v2 has "
-                   "no elastic mode).")
-def k8s_cmd(**options):
-    """Kubeflow TrainJob (Trainer v2) or PyTorchJob (training-operator v1) manifest."""
-    from launch.backends import k8s_options, pytorchjob, trainjob
-
-    options, job, opts = _k8s_prepare(options)
-    api = k8s_options.resolve_api(job.spec, opts)
-    _check_owned(api, job, opts.secret_env)
-    if api == "pytorchjob":
-        if opts.runtime:
-            raise SpecError("--runtime names a Trainer v2 runtime; it does not apply to --api pytorchjob")
-        text = pytorchjob.render_job(job, opts)
-    else:
-        text = trainjob.render_job(job, opts)
-    _emit(text, options, executable=False)
-
-
-@cli.command("k8s-runtime")
-@job_options
-@k8s_options
-def k8s_runtime_cmd(**options):
-    """Kubeflow Trainer v2 ClusterTrainingRuntime for a profile and fabric (what TrainJobs refer to)."""
-    from launch.backends import runtime
-
-    options, job, opts = _k8s_prepare(options)
-    _check_owned("k8s-runtime", job, opts.secret_env)
-    if job.spec.nodes.elastic:
-        raise SpecError(
-            f"--nnodes {job.spec.nodes.torchrun_value}: Kubeflow Trainer v2 has no elastic mode; "
-            "use `launch k8s --api pytorchjob`"
-        )
-    _emit(runtime.render_job(job, opts), options, executable=False)
-
-
-@cli.command("env")
-@job_options
-def env_cmd(**options):
-    """The environment alone, as commented `export NAME=VALUE` lines."""
-    from launch.backends import env
-
-    _emit(env.render_job(_prepare(options, "env")), options, executable=False)
+_add_backends()
 
 
 @cli.command("run")
@@ -346,7 +234,7 @@ def run_cmd(**options):
     from launch.backends import torchrun
 
     dry_run = options.pop("dry_run")
-    job = _prepare(options, "torchrun")
+    job = _prepare(options, torchrun.BACKEND, torchrun.TorchrunOptions())
     if job.spec.nodes.multi_node:
         raise SpecError("`launch run` starts single-node jobs; use `launch torchrun` and run it on every node")
     script = torchrun.render_job(job)

@@ -21,6 +21,7 @@ PREFLIGHT_MIN_FRACTION = 0.5
 # --------------------------------------------------------------------------- Slurm
 
 SLURM_GPU_GRES = "gpu"  # --gpus-per-node
+SLURM_NODE_RESOURCES = "node"  # whole nodes: --exclusive --mem=0, every CPU of the node
 
 # --------------------------------------------------------------------------- Kubernetes
 

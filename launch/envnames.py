@@ -87,8 +87,8 @@ def check_not_reserved(where: str, name: str) -> None:
 # the rendered launcher itself. A job value there would be overwritten, or worse, obeyed (e.g.
 # SLURM_JOB_NUM_NODES becomes srun --nodes, SLURM_JOB_ID the scancel target, PET_NNODES
 # torchrun's --nnodes). TMPDIR (node-local scratch) and PYTHONUNBUFFERED (the operator's value
-# is 1 too) stay the user's. One list per owner, one table per backend (the CLI subcommand, or
-# the Kubernetes API).
+# is 1 too) stay the user's. One list per owner: torchrun's here (every backend runs it), the
+# others in the backend module whose runtime owns them (its ``Backend.owned``).
 @dataclass(frozen=True)
 class Owned:
     owner: str
@@ -105,38 +105,11 @@ TORCHRUN_OWNED = Owned(
                "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")),
     ("TORCHELASTIC_", "PET_"),
 )
-SLURM_OWNED = Owned(
-    "Slurm (sbatch and srun set or read them; the script uses them for srun, the rendezvous id and "
-    "scontrol/scancel)",
-    frozenset(),
-    ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_"),
-)
-PYTORCHJOB_OWNED = Owned(
-    "the training operator (PyTorchJob: pkg/controller.v1/pytorch/envvar.go)",
-    frozenset(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")),
-    ("PET_",),
-)
-TRAINER_OWNED = Owned(
-    "Kubeflow Trainer's Torch plugin and the Job controller (TrainJob: constants.TorchRunReservedEnvNames)",
-    frozenset(("JOB_COMPLETION_INDEX",)),
-    ("PET_",),
-)
-BACKEND_OWNED: dict[str, tuple[Owned, ...]] = {
-    "torchrun": (TORCHRUN_OWNED,),  # `launch torchrun` and `launch run`
-    "env": (TORCHRUN_OWNED,),  # exports for a torchrun started by hand
-    "docker": (TORCHRUN_OWNED,),
-    "slurm": (SLURM_OWNED, TORCHRUN_OWNED),
-    "pytorchjob": (PYTORCHJOB_OWNED, TORCHRUN_OWNED),
-    "trainjob": (TRAINER_OWNED, TORCHRUN_OWNED),
-    "k8s-runtime": (TRAINER_OWNED, TORCHRUN_OWNED),
-}
-
-
-def check_not_owned(backend: str, named) -> None:
-    """``named``: (where, name) pairs, e.g. ("--env", "SLURM_JOB_ID"); none may be a name the
-    backend's runtime owns (``BACKEND_OWNED``)."""
+def check_not_owned(owners, named) -> None:
+    """``named``: (where, name) pairs, e.g. ("--env", "SLURM_JOB_ID"); none may be a name one of
+    ``owners`` (the backend's ``Owned`` lists) owns."""
     for where, name in named:
-        for owned in BACKEND_OWNED[backend]:
+        for owned in owners:
             if owned.owns(name):
                 raise SpecError(f"{where} {name}: reserved, set by {owned.owner}; a job value would be "
                                 "overwritten or change how the job is started; choose another name")

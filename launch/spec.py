@@ -61,6 +61,7 @@ class Mount:
     source: str
     target: str
     read_only: bool = False
+    options: tuple[str, ...] = ()  # as given after the second ':' (docker/podman -v options)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class JobSpec:
     grace_period_s: int = defaults.GRACE_PERIOD_S
     allow_undocumented_nccl: bool = False
     preflight: Preflight = field(default_factory=Preflight)
+    image_preloaded: bool = False  # --image-preloaded: on every node already, never pulled
 
 
 # --------------------------------------------------------------------------- parsers
@@ -152,7 +154,18 @@ def reject_nul(what: str, value: str) -> str:
     return value
 
 
-def parse_name(value: str) -> str:
+_CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", re.ASCII)
+
+
+def parse_name(value: str, rule: str = "container") -> str:
+    """--name: Kubernetes jobs (``rule="dns1035"``) need a DNS-1035 label; the others a docker/podman
+    container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*, moby daemon/names), which Slurm's --job-name and the
+    rendezvous id (at most 63 characters) take too."""
+    if rule != "dns1035":
+        if not value or len(value) > 63 or not _CONTAINER_NAME.fullmatch(value):
+            raise SpecError(f"--name {excerpt(value)}: at most 63 letters, digits, '_', '.' and '-', starting with a "
+                            "letter or digit (a container and Slurm job name)")
+        return value
     if not value or len(value) > 63 or not _DNS1035.fullmatch(value):
         raise SpecError(
             f"--name {value!r} is not a DNS-1035 label (lower-case letters, digits and '-', "
@@ -250,15 +263,26 @@ def parse_rdzv_id(value: str) -> str:
     return value
 
 
+# docker/podman -v options (docs.docker.com bind mounts; podman-run(1) --volume): access, SELinux
+# relabel (z shared, Z private: RHEL/Fedora hosts need them), propagation, and docker's no-ops.
+MOUNT_OPTIONS = ("ro", "rw", "z", "Z", "shared", "slave", "private", "rshared", "rslave", "rprivate",
+                 "consistent", "cached", "delegated")
+
+
 def parse_mount(value: str) -> Mount:
-    """``SRC:DST[:ro|rw]``; paths are absolute and free of ',' ':' and control characters."""
+    """``SRC:DST[:OPTIONS]``, OPTIONS a comma list of MOUNT_OPTIONS (at most one of ro/rw, one of
+    z/Z, one propagation); paths are absolute and free of ',' ':' and control characters."""
     parts = value.split(":")
-    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-        raise SpecError(f"--mount {value!r}: expected SRC:DST[:ro|rw] (paths without ':' or ',')")
-    src, dst, read_only = parts[0], parts[1], len(parts) == 3 and parts[2] == "ro"
+    options = tuple(parts[2].split(",")) if len(parts) == 3 else ()
+    groups = (("ro", "rw"), ("z", "Z"), MOUNT_OPTIONS[4:10])
+    if (len(parts) not in (2, 3) or any(o not in MOUNT_OPTIONS for o in options) or len(set(options)) != len(options)
+            or any(sum(o in g for o in options) > 1 for g in groups)):
+        raise SpecError(f"--mount {excerpt(value)}: expected SRC:DST[:OPTIONS], OPTIONS comma-separated from "
+                        f"{', '.join(MOUNT_OPTIONS)} (one of ro/rw, one of z/Z, one propagation; paths without ':' or ',')")
+    src, dst, read_only = parts[0], parts[1], "ro" in options
     for path in (src, dst):
         check_path("--mount", path, writable=not read_only)
-    return Mount(src, dst, read_only=read_only)
+    return Mount(src, dst, read_only=read_only, options=options)
 
 
 def reject_long_names(option: str, path: str) -> str:
@@ -321,61 +345,9 @@ def check_checkpoint_dir(path: str) -> str:
     return check_path("--checkpoint-dir", path)
 
 
-# OCI / distribution reference grammar (github.com/distribution/reference, regexp.go):
-# [HOST[:PORT]/]PATH[:TAG][@DIGEST]; lower-case path components, tags of at most 128 characters.
-_ALNUM = r"[a-z0-9]+"
-_SEPARATOR = r"(?:[._]|__|[-]+)"
-_PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
-_TAG = r"[\w][\w.-]{0,127}"
-_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
-_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-_OCI_REFERENCE = re.compile(rf"(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII)
-# enroot (Slurm + pyxis) also takes REGISTRY#IMAGE and a local squashfs file.
-_ENROOT_REFERENCE = re.compile(rf"(?:[A-Za-z0-9._-]+@)?{_DOMAIN}#{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-                               rf"(?::{_TAG})?(?:@{_DIGEST})?", re.ASCII)
-
-
-def parse_image(value: str, enroot: bool = False) -> str:
-    """A container image reference; never empty, never an option (``--privileged``)."""
-    shown = repr(value) if len(value) <= 100 else repr(value[:100]) + "..."
-    if not value:
-        raise SpecError("--image is empty")
-    match = _OCI_REFERENCE.fullmatch(value)
-    ok = match is not None and len(match.group("name")) <= 255
-    if not ok and enroot:
-        ok = bool(_ENROOT_REFERENCE.fullmatch(value)) or (
-            value.startswith("/") and value.endswith(".sqsh") and check_path("--image", value) == value
-        )
-    if ok:
-        _check_registry(value)
-    if not ok:
-        hint = " (Slurm + pyxis also take REGISTRY#IMAGE and /path/image.sqsh)" if enroot else ""
-        raise SpecError(
-            f"--image {shown}: not an image reference [HOST[:PORT]/]NAME[:TAG][@DIGEST] "
-            f"(lower-case name, no spaces, no leading '-'){hint}"
-        )
-    return value
-
-
-def _check_registry(value: str) -> None:
-    """The registry host (``HOST[:PORT]/...``, or enroot's ``[USER@]HOST[:PORT]#...``) is a valid
-    host name and its port 1..65535; a first path component without '.' or ':' is no registry."""
-    if "#" in value:
-        head = value.split("#", 1)[0].rsplit("@", 1)[-1]
-    elif "/" in value and not value.startswith("/"):
-        head = value.split("/", 1)[0]
-    else:
-        return
-    host, _, port = head.rpartition(":") if re.search(r":[0-9]+$", head) else (head, "", "")
-    if ("." in head or ":" in head or head.startswith("[")) and not valid_host(host):
-        raise SpecError(f"--image {excerpt(head)}: the registry is not a valid host name")
-    if port:
-        parse_port(int(port), f"--image {excerpt(head)}: registry port")
-
-
-_QUANTITY = re.compile(r"[0-9]{1,15}(\.[0-9]{1,9})?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+# Kubernetes resource.Quantity: a number and a binary or decimal SI suffix, or a decimal exponent
+# (500e6, 1E3: "e"/"E" followed by digits; a bare trailing E is exa).
+_QUANTITY = re.compile(r"[0-9]{1,15}(\.[0-9]{1,9})?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]{1,2})?")
 
 
 def parse_quantity(option: str, value: str | None) -> str | None:
@@ -383,7 +355,7 @@ def parse_quantity(option: str, value: str | None) -> str | None:
         return None
     if not _QUANTITY.fullmatch(value):
         raise SpecError(f"{option} {value!r}: expected a Kubernetes quantity such as 64, 500m, 512Gi")
-    if not re.search(r"[1-9]", value.rstrip("mkMGTPEi")):
+    if not re.search(r"[1-9]", re.sub(r"[eE][+-]?[0-9]+$", "", value).rstrip("mkMGTPEi")):
         raise SpecError(f"{option} {value!r}: must be more than zero")
     base = quantity_value(value)
     if base > _QUANTITY_MAX:
@@ -401,9 +373,12 @@ _SUFFIX = {"m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3), "M": Deci
 
 def quantity_value(value: str) -> Decimal:
     """A quantity ``parse_quantity`` accepted, in its base unit (cores, bytes), exactly."""
-    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", value)
     with localcontext() as ctx:
-        ctx.prec = 60  # exact: at most 24 digits times 2^60 or 10^18
+        ctx.prec = 80  # exact: at most 24 digits times 2^60, 10^18 or 10^99
+        exponent = re.fullmatch(r"([0-9.]+)[eE]([+-]?[0-9]+)", value)
+        if exponent:
+            return Decimal(exponent.group(1)) * Decimal(10) ** int(exponent.group(2))
+        match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", value)
         return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
 
 

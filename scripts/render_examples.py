@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -132,12 +133,18 @@ def argv_for(path: str, sub: str, options: list[str], train: list[str], write: b
 
 
 def render_text(argv: list[str]) -> str:
-    """Render in-process and return what `launch` would print (raises on a non-zero exit)."""
+    """Render in-process and return what `launch` would print (raises on a non-zero exit). The
+    environment's REGISTRY is set aside: an example's options are all on its command line."""
     from launch.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(argv)
+    registry = os.environ.pop("REGISTRY", None)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv)
+    finally:
+        if registry is not None:
+            os.environ["REGISTRY"] = registry
     if rc != 0:
         raise RuntimeError(f"launch {' '.join(argv)} failed: {err.getvalue().strip()}")
     return out.getvalue()

@@ -41,6 +41,72 @@ if [[ ! $rdzv_endpoint =~ $endpoint_re ]] || ((10#${BASH_REMATCH[3]:-29400} < 1 
   exit 2
 fi
 
+# launch_node_addr HOST:PORT: this node's own address on its route to the rendezvous host, the
+# one it advertises to the other nodes (torchrun --local-addr for the c10d agents and the
+# workers' MASTER_ADDR; GLOO_SOCKET_IFNAME for every gloo group): never its host name, which
+# the other nodes may not resolve, nor Debian's 127.0.1.1 for it. Sets launch_addr and
+# launch_ifname; LAUNCH_NODE_ADDR / LAUNCH_NODE_IFNAME override them. A node other than the
+# rendezvous host waits until the endpoint answers, at most LAUNCH_RDZV_WAIT_S seconds (300).
+# shellcheck disable=SC2329  # called below or through declare -f
+launch_node_addr() {
+  local endpoint=$1 host port ip="" route="" wait_s deadline
+  host=${endpoint%:*}
+  port=${endpoint##*:}
+  host=${host#[}
+  host=${host%]}
+  if [[ $host =~ ^[0-9.]+$ || $host == *:* ]]; then
+    ip=$host
+  else
+    ip=$(getent ahosts "$host" 2>/dev/null | awk 'NR == 1 { print $1 }') || ip=""
+    if [[ -z $ip ]]; then
+      echo "launch: $(hostname): cannot resolve the rendezvous host $host (getent ahosts); give its address in --rdzv-endpoint or LAUNCH_RDZV_ENDPOINT" >&2
+      return 2
+    fi
+  fi
+  launch_addr=${LAUNCH_NODE_ADDR:-}
+  launch_ifname=${LAUNCH_NODE_IFNAME:-}
+  if command -v ip >/dev/null 2>&1; then
+    route=$(ip -o route get "$ip" 2>/dev/null) || route=""
+    if [[ -z $route ]]; then
+      echo "launch: $(hostname): no route to the rendezvous host $host ($ip) (ip route get $ip)" >&2
+      return 2
+    fi
+    if [[ -z $launch_addr && $route =~ \ src\ ([^ ]+) ]]; then
+      launch_addr=${BASH_REMATCH[1]}
+    fi
+    if [[ -z $launch_ifname && $route == local\ * ]]; then  # this node is the host: the interface holding $ip
+      launch_ifname=$(ip -o addr show to "$ip" 2>/dev/null | awk 'NR == 1 { print $2 }') || launch_ifname=""
+    fi
+    if [[ -z $launch_ifname && $route =~ \ dev\ ([^ ]+) ]]; then
+      launch_ifname=${BASH_REMATCH[1]}
+    fi
+  fi
+  if [[ -z $launch_addr ]]; then  # no iproute2: the first global address
+    launch_addr=$(hostname -I 2>/dev/null | awk '{ print $1 }') || launch_addr=""
+  fi
+  if [[ -z $launch_addr ]]; then
+    echo "launch: $(hostname): cannot work out this node's address towards $host ($ip) (ip route get, hostname -I); set LAUNCH_NODE_ADDR" >&2
+    return 2
+  fi
+  if [[ $route == local\ * || $launch_addr == "$ip" ]]; then
+    return 0  # this node is the rendezvous host
+  fi
+  wait_s=${LAUNCH_RDZV_WAIT_S:-300}
+  if [[ ! $wait_s =~ ^[0-9]{1,6}$ ]]; then
+    printf 'launch: LAUNCH_RDZV_WAIT_S=%q: expected whole seconds\n' "$wait_s" >&2
+    return 2
+  fi
+  deadline=$((SECONDS + 10#$wait_s))
+  # shellcheck disable=SC2016  # $0 $1: the inner bash's arguments
+  until timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$ip" "$port" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      echo "launch: $(hostname) ($launch_addr via ${launch_ifname:-?}): the rendezvous endpoint $host:$port ($ip) did not answer a TCP connect for $wait_s s" >&2
+      return 2
+    fi
+    sleep 2
+  done
+}
+
 # torchrun options: c10d rendezvous
 torchrun_opts=(
   --nnodes 2
@@ -57,6 +123,12 @@ train_cmd=(
   --out /shared/runs/h100-2x8-roce
   --resume
 )
+
+launch_node_addr "$rdzv_endpoint" || exit 2
+torchrun_opts+=(--local-addr "$launch_addr")
+if [[ -n $launch_ifname && -z ${GLOO_SOCKET_IFNAME:-} ]]; then
+  export GLOO_SOCKET_IFNAME=$launch_ifname
+fi
 
 # ---- torchrun under a graceful-stop wrapper ----
 # SIGTERM or SIGINT to this script (or to every process of the job, as Slurm and container

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import click
+
 from launch.backends.base import Job
+from launch.backends.registry import Backend, owners, register
 from launch.backends.shell import (
     RDZV_ENDPOINT,
     common_context,
     preflight_context,
     torchrun_groups,
 )
+from launch.commandline import out_warnings
+from launch.envnames import TORCHRUN_OWNED
 from launch.render import render
 from launch.spec import JobSpec
 
@@ -45,7 +50,7 @@ def docker_flags(spec: JobSpec) -> list[tuple[str, str]]:
     for cap in spec.fabric.docker_cap_add:
         flags.append((f"--cap-add={cap}", f"fabric {spec.fabric.name}: NCCL registers (pins) memory for RDMA"))
     for mount in spec.mounts:
-        suffix = ":ro" if mount.read_only else ""
+        suffix = ":" + ",".join(mount.options) if mount.options else ""
         flags.append((f"--volume={mount.source}:{mount.target}{suffix}", "--mount"))
     flags.append(
         (
@@ -71,3 +76,21 @@ def render_job(job: Job, opts: DockerOptions = DockerOptions()) -> str:
         **preflight_context(spec, spec.rdzv.id),
     )
     return render("docker.sh.j2", **ctx)
+
+
+BACKEND = register(Backend(
+    name="docker",
+    help="""Bash script running torchrun in `docker run` / `podman run` with what NGC containers need.
+
+    The script detects the engine (LAUNCH_ENGINE overrides), names the container after
+    the job, creates the checkpoint directory writable for the container and passes
+    LAUNCH_ENGINE_FLAGS to the engine; see docs/launch.md.
+    """,
+    render=render_job,
+    owned=owners(TORCHRUN_OWNED),
+    params=lambda: [click.Option(
+        ["--cpu"], is_flag=True,
+        help="CPU variant (a laptop, no GPUs): LAUNCH_GPUS=none by default, workers use gloo.")],
+    parse=lambda extra, job_options: DockerOptions(cpu=extra["cpu"]),
+    warnings=lambda job, opts: out_warnings(job.spec, "docker"),
+))

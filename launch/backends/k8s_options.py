@@ -6,7 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import click
+
+from core.clicktypes import StrictInt
 from launch import defaults
+from launch.commandline import out_warnings
 from launch.envnames import check_env_name, check_unique_env
 from core.errors import SpecError
 from core.safety import excerpt
@@ -183,3 +187,52 @@ def resolve_api(spec: JobSpec, opts: K8sOptions) -> str:
             "use --api pytorchjob (training-operator v1 elasticPolicy) or a fixed --nnodes N"
         )
     return opts.api
+
+
+def k8s_params() -> list:
+    """The click options of `launch k8s` and `launch k8s-runtime` (fresh objects each call)."""
+    return [
+        click.Option(["--namespace"], default=None),
+        click.Option(["--pvc"], default=defaults.K8S_PVC, show_default=True,
+                     help="PersistentVolumeClaim for --checkpoint-dir."),
+        click.Option(["--shm-size"], default=defaults.K8S_SHM_SIZE, show_default=True,
+                     help="Size limit of the memory-backed /dev/shm."),
+        click.Option(["--rdma-resource"], default=None, metavar="DOMAIN/NAME[=COUNT]",
+                     help="RDMA device-plugin resource; default from the fabric."),
+        click.Option(["--queue"], default=None, help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name on the job)."),
+        click.Option(["--gang"], is_flag=True,
+                     help="Gang scheduling: runtime podGroupPolicy.coscheduling (TrainJob) or "
+                          "runPolicy.schedulingPolicy.minAvailable (PyTorchJob)."),
+        click.Option(["--image-pull-secret"], multiple=True, help="Registry credentials Secret name (repeatable)."),
+        click.Option(["--node-selector"], multiple=True, metavar="KEY=VALUE"),
+        click.Option(["--pod-annotation"], multiple=True, metavar="KEY=VALUE", help="E.g. a Multus network for RoCE."),
+        click.Option(["--backoff-limit"], type=StrictInt(0, 1000), default=defaults.K8S_BACKOFF_LIMIT,
+                     show_default=True,
+                     help="PyTorchJob runPolicy.backoffLimit / runtime JobSet failurePolicy.maxRestarts."),
+        click.Option(["--ttl-seconds"], type=StrictInt(0, 2**31 - 1), default=defaults.K8S_TTL_S, show_default=True,
+                     help="Seconds a finished job is kept (ttlSecondsAfterFinished)."),
+        click.Option(["--env-secret"], multiple=True, metavar="NAME=SECRET:KEY", help="Env var from a Secret key."),
+        click.Option(["--runtime"], default=None, metavar="NAME",
+                     help="ClusterTrainingRuntime name; default <profile>-<fabric>-<hash of its content>."),
+        click.Option(["--compute-domain/--no-compute-domain"], default=True, show_default=True,
+                     help="Multi-node jobs on multi-node NVLink profiles (gb200): a DRA ComputeDomain "
+                          "(IMEX channel), NVLink-domain pod affinity and NCCL_MNNVL_ENABLE=1."),
+    ]
+
+
+def parse_k8s(extra: dict, job_options: dict) -> K8sOptions:
+    """``Backend.parse`` of the Kubernetes backends: ``extra`` holds :func:`k8s_params`' values."""
+    return parse_options(
+        extra["namespace"], extra["pvc"], extra["shm_size"], extra["rdma_resource"], extra["queue"],
+        extra["gang"], extra["image_pull_secret"], extra["node_selector"], extra["pod_annotation"],
+        extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"], api=extra.get("api"),
+        runtime=extra["runtime"], compute_domain=extra["compute_domain"],
+        allow_undocumented_nccl=job_options["allow_undocumented_nccl"],
+    )
+
+
+def k8s_warnings(job, opts: K8sOptions) -> list[str]:
+    spec = job.spec
+    mounts = (["k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead"]
+              if spec.mounts else [])
+    return mounts + secret_warnings(spec) + out_warnings(spec, "k8s", mounts=False)

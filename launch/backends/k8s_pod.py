@@ -72,6 +72,7 @@ class Pod:
     compute_domain: ComputeDomain | None
     container: str
     image: str
+    pull_policy: str  # IfNotPresent; Never for --image-preloaded
     args: tuple | None
     port: Port | None
     env: tuple
@@ -166,6 +167,7 @@ def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_reso
         "port": None,
         "env": plan.variables,
         "secret_env": (),
+        "pull_policy": "Never" if spec.image_preloaded else "IfNotPresent",
         "resources": tuple(resources),
         "ipc_lock": spec.fabric.ipc_lock,
         "checkpoint_dir": spec.checkpoint_dir,
@@ -198,6 +200,9 @@ def check_manifest_size(text: str) -> str:
 def cpu_memory(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.resources.cpus is not None:
         parse_quantity("--cpus", spec.resources.cpus)
+    if spec.resources.memory == "0":
+        raise SpecError("--memory 0 is Slurm's 'all of the node's memory'; a Kubernetes pod needs a quantity "
+                        "such as 512Gi")
     out = []
     if spec.resources.cpus:
         out.append(("cpu", spec.resources.cpus))

@@ -16,6 +16,7 @@ from launch.backends.k8s_pod import (
     preflight_script,
 )
 from launch.commandline import training_args
+from launch.envnames import Owned
 from launch.envplan import build_env
 from core.errors import SpecError
 from launch.render import header_lines, render
@@ -23,6 +24,11 @@ from launch.spec import JobSpec
 
 CONTAINER_NAME = "pytorch"  # training-operator v1: PyTorchJobDefaultContainerName
 PORT_NAME = "pytorchjob-port"
+PYTORCHJOB_OWNED = Owned(
+    "the training operator (PyTorchJob: pkg/controller.v1/pytorch/envvar.go)",
+    frozenset(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")),
+    ("PET_",),
+)
 
 
 def replica_layout(spec: JobSpec) -> list[tuple[str, int]]:

@@ -9,7 +9,7 @@ import json
 import re
 
 from launch.backends.base import Job
-from launch.backends.k8s_options import K8sOptions
+from launch.backends.k8s_options import K8sOptions, k8s_params, k8s_warnings, parse_k8s
 from launch.backends.k8s_pod import (
     GANG_TIMEOUT_S,
     ComputeDomain,
@@ -21,12 +21,19 @@ from launch.backends.k8s_pod import (
     refuse_preflight,
     uses_compute_domain,
 )
+from launch.backends.registry import Backend, owners, register
+from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.envplan import build_env
 from core.errors import SpecError
 from launch.render import header_lines, render
 from launch.spec import JobSpec
 
 TRAINER_CONTAINER = "node"  # Trainer v2: constants.Node, where the Torch plugin injects PET_*
+TRAINER_OWNED = Owned(
+    "Kubeflow Trainer's Torch plugin and the Job controller (TrainJob: constants.TorchRunReservedEnvNames)",
+    frozenset(("JOB_COMPLETION_INDEX",)),
+    ("PET_",),
+)
 
 
 def runtime_pod(spec: JobSpec, opts: K8sOptions, domain: ComputeDomain | None, image: str) -> Pod:
@@ -69,6 +76,11 @@ def default_runtime_name(spec: JobSpec, opts: K8sOptions) -> str:
 def _check_shared(spec: JobSpec, opts: K8sOptions) -> None:
     """What a shared, cluster-scoped runtime cannot hold: it belongs to each TrainJob."""
     refuse_preflight(spec)
+    if spec.nodes.elastic:
+        raise SpecError(
+            f"--nnodes {spec.nodes.torchrun_value}: Kubeflow Trainer v2 has no elastic mode; "
+            "use `launch k8s --api pytorchjob`"
+        )
     if opts.queue:
         raise SpecError(
             "--queue is per job: pass it to `launch k8s --api trainjob` (Kueue admits the TrainJob "
@@ -106,3 +118,17 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         name=None,
         job_labels={},
     ))
+
+
+BACKEND = register(Backend(
+    name="k8s-runtime",
+    help="Kubeflow Trainer v2 ClusterTrainingRuntime for a profile and fabric (what TrainJobs refer to).",
+    render=render_job,
+    owned=owners(TRAINER_OWNED, TORCHRUN_OWNED),
+    params=k8s_params,
+    parse=parse_k8s,
+    builder_inputs=lambda opts: {"pulls_image": "k8s", "name_rule": "dns1035"},
+    secret_env=lambda opts: opts.secret_env,
+    warnings=k8s_warnings,
+    executable=False,
+))

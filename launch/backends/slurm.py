@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
+
+import click
 
 from core import limits
 from launch import defaults
 from launch.backends.base import Job
+from launch.backends.registry import Backend, register
 from launch.backends.shell import (
     RDZV_ENDPOINT,
     common_context,
@@ -17,10 +21,20 @@ from launch.backends.shell import (
     torchrun_groups,
 )
 from core.errors import SpecError
+from launch.backends.torchrun import venv_param
+from launch.commandline import out_warnings
+from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.render import Quoted, Shell, render
-from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
+from launch.images import registry_host
+from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
+SLURM_OWNED = Owned(
+    "Slurm (sbatch and srun set or read them; the script uses them for srun, the rendezvous id and "
+    "scontrol/scancel)",
+    frozenset(),
+    ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_"),
+)
 
 
 @dataclass(frozen=True)
@@ -31,9 +45,13 @@ class SlurmOptions:
     pyxis: bool = False
     gpu_gres: str | None = defaults.SLURM_GPU_GRES  # None: request no GPUs (CPU-only cluster)
     venv: str | None = None
+    node_resources: str = defaults.SLURM_NODE_RESOURCES  # node: whole nodes; profile: the profile's CPUs
+    exclusive: bool = False  # --exclusive with --node-resources profile (node implies it)
+    requeue: bool = True  # --no-requeue: a stopped job ends; no `scontrol requeue`
 
     @classmethod
-    def parse(cls, partition, account, time, pyxis, gpu_gres=defaults.SLURM_GPU_GRES, venv=None) -> SlurmOptions:
+    def parse(cls, partition, account, time, pyxis, gpu_gres=defaults.SLURM_GPU_GRES, venv=None,
+              node_resources=defaults.SLURM_NODE_RESOURCES, exclusive=False, requeue=True) -> SlurmOptions:
         if pyxis and venv:
             raise SpecError("--venv and --pyxis exclude each other: with pyxis, torchrun comes from --image")
         return cls(
@@ -43,6 +61,9 @@ class SlurmOptions:
             bool(pyxis),
             parse_gres(gpu_gres),
             parse_venv(venv),
+            node_resources,
+            bool(exclusive or node_resources == "node"),
+            bool(requeue),
         )
 
 
@@ -103,10 +124,13 @@ def parse_gres(value: str | None) -> str | None:
     return value
 
 
-def slurm_cpus(spec: JobSpec) -> int:
-    """CPUs per node (= per task, one task per node): --cpus, else the profile's cpus_per_node,
-    else 4 per process (the OMP_NUM_THREADS the profiles set)."""
+def slurm_cpus(spec: JobSpec, opts: SlurmOptions | None = None) -> int | None:
+    """CPUs per node (= per task, one task per node): --cpus; else with --node-resources profile the
+    profile's cpus_per_node or 4 per process (the OMP_NUM_THREADS the profiles set); else None (the
+    whole node, --exclusive: srun's tasks get every CPU the allocation has)."""
     cpus = spec.resources.cpus
+    if cpus is None and opts is not None and opts.node_resources == "node":
+        return None
     if cpus is not None:
         if not re.fullmatch(r"[1-9][0-9]*", cpus):
             raise SpecError(f"--cpus {cpus!r}: Slurm needs a whole number of CPUs per node")
@@ -116,12 +140,25 @@ def slurm_cpus(spec: JobSpec) -> int:
     return spec.profile.cpus_per_node or 4 * spec.nproc_per_node
 
 
+_SLURM_UNIT = {"K": "K", "Ki": "K", "k": "K", "M": "M", "Mi": "M", "G": "G", "Gi": "G", "T": "T", "Ti": "T"}
+_SLURM_SIZES = (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10))
+
+
 def slurm_memory(quantity: str) -> str:
-    """A Kubernetes memory quantity (512Gi, 64G, 1.5Ti) as Slurm --mem (binary units, rounded up)."""
+    """--memory as sbatch --mem, in the unit the user wrote: 512G and 512Gi are --mem=512G (sbatch's
+    K/M/G/T are binary units, sbatch(1)); 0 is --mem=0, all of each node's memory. A fraction or a
+    unit sbatch lacks (P, E, a bare byte count) goes to the largest whole binary unit, rounded up."""
+    if quantity == "0":
+        return "0"
     if quantity.endswith("m"):
-        raise SpecError(f"--memory {quantity!r}: Slurm needs bytes, e.g. 512Gi, 64G or 500Mi")
-    value = int(quantity_value(quantity))  # whole bytes (parse_quantity accepted it)
-    for suffix, size in (("T", 2**40), ("G", 2**30), ("M", 2**20)):
+        raise SpecError(f"--memory {quantity!r}: Slurm needs bytes, e.g. 512G, 512Gi, 500Mi or 0 (all of the node's)")
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()
+    if unit in _SLURM_UNIT and "." not in number:
+        return f"{int(number)}{_SLURM_UNIT[unit]}"
+    # a fraction, a bare byte count, P or E: bytes, the letters read as sbatch reads them (binary)
+    scale = 1 if not unit else 2 ** (10 * ("KMGTPE".index(unit[0].upper()) + 1))
+    value = -(-Decimal(number) * scale // 1)
+    for suffix, size in _SLURM_SIZES:
         if value >= size and value % size == 0:
             return f"{value // size}{suffix}"
     return f"{max(1, -(-value // 2**20))}M"
@@ -137,23 +174,25 @@ def _directive(text: str) -> Quoted:
 def slurm_directives(spec: JobSpec, opts: SlurmOptions) -> list[Quoted]:
     check_grace(spec, opts)
     nodes = f"{spec.nodes.min}-{spec.nodes.max}" if spec.nodes.elastic else str(spec.nodes.min)
-    directives = [
-        f"--job-name={spec.name}",
-        f"--nodes={nodes}",
-        "--ntasks-per-node=1",
-        f"--cpus-per-task={slurm_cpus(spec)}",
-    ]
+    directives = [f"--job-name={spec.name}", f"--nodes={nodes}", "--ntasks-per-node=1"]
+    cpus = slurm_cpus(spec, opts)
+    if cpus is not None:
+        directives.append(f"--cpus-per-task={cpus}")
+    if opts.exclusive:
+        directives.append("--exclusive")
     if opts.gpu_gres == defaults.SLURM_GPU_GRES:
         directives.append(f"--gpus-per-node={spec.nproc_per_node}")
     elif opts.gpu_gres:
         directives.append(f"--gres={opts.gpu_gres}:{spec.nproc_per_node}")
     if spec.resources.memory:
         directives.append(f"--mem={slurm_memory(spec.resources.memory)}")
+    elif opts.node_resources == "node":
+        directives.append("--mem=0")  # all of each node's memory (sbatch(1))
     directives += [
         # Preemption / time limit: SIGTERM reaches every process of the steps grace_period_s
         # before the end; the training processes checkpoint, the script requeues the job.
         f"--signal=TERM@{spec.grace_period_s}",
-        "--requeue",
+        "--requeue" if opts.requeue else "--no-requeue",
         # One log per job: every attempt (requeue) appends to it after its own header line.
         "--open-mode=append",
         Quoted("--output=%x-%j.out"),  # a constant: %x job name, %j job id (sbatch patterns)
@@ -170,15 +209,30 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
         (Shell('--ntasks="$SLURM_JOB_NUM_NODES"'), "one torchrun per node"),
         ("--ntasks-per-node=1", "torchrun itself starts --nproc-per-node workers"),
         ("--kill-on-bad-exit=1", "stop the other nodes when one torchrun fails"),
-        (Shell('--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"'),
+        (Shell('--cpus-per-task="$task_cpus"'),
          "the job's CPUs for each task: srun >= 22.05 does not inherit --cpus-per-task from sbatch"),
     ]
     if opts.pyxis:
-        flags.append((f"--container-image={spec.image}", "pyxis/enroot: run torchrun inside the image"))
+        flags.append((f"--container-image={enroot_image(spec.image)}",
+                      "pyxis/enroot: run torchrun inside the image (enroot's [USER@][REGISTRY#]IMAGE[:TAG])"))
+        for m in spec.mounts:
+            if set(m.options) - {"ro", "rw"}:
+                raise SpecError(f"--mount {m.source}:{m.target}:{','.join(m.options)}: pyxis/enroot mounts take ro "
+                                "or rw only (SELinux relabel and propagation are docker/podman's)")
         mounts = [f"{m.source}:{m.target}{':ro' if m.read_only else ''}" for m in spec.mounts]
         mounts.append(f"{spec.checkpoint_dir}:{spec.checkpoint_dir}")
         flags.append((f"--container-mounts={','.join(mounts)}", "--mount and the checkpoint directory"))
     return flags
+
+
+def enroot_image(image: str) -> str:
+    """An OCI reference ``HOST/PATH:TAG`` in enroot's form ``HOST#PATH:TAG``: enroot reads a
+    reference without '#' as a Docker Hub path (``docker://[USER@][REGISTRY#]IMAGE[:TAG]``,
+    enroot doc/cmd/import.md). Enroot forms, files and short names stay as given."""
+    host = registry_host(image)
+    if host is None or host == "file" or "#" in image:
+        return image
+    return f"{host}#{image[len(host) + 1:]}"
 
 
 def render_job(job: Job, opts: SlurmOptions = SlurmOptions()) -> str:
@@ -193,5 +247,41 @@ def render_job(job: Job, opts: SlurmOptions = SlurmOptions()) -> str:
         srun_flags=srun_flags(spec, opts),
         torchrun_groups=torchrun_groups(spec, RDZV_ENDPOINT, SLURM_JOB_ID),
         **preflight_context(spec, SLURM_JOB_ID),
+        requeue=opts.requeue,
     )
     return render("slurm.sbatch.j2", **ctx)
+
+
+def _params() -> list:
+    return [
+        click.Option(["--partition"], default=None),
+        click.Option(["--account"], default=None),
+        click.Option(["--time"], default=None, help="Wall-clock limit, Slurm syntax (e.g. 24:00:00)."),
+        click.Option(["--node-resources"], type=click.Choice(["node", "profile"]),
+                     default=defaults.SLURM_NODE_RESOURCES, show_default=True,
+                     help="node: whole nodes (--exclusive, --mem=0, every CPU of the node), schedulable on any "
+                          "node of the partition; profile: --cpus-per-task from the profile's reference node. "
+                          "--cpus/--memory override either."),
+        click.Option(["--exclusive"], is_flag=True, help="sbatch --exclusive (implied by --node-resources node)."),
+        click.Option(["--requeue/--no-requeue"], default=True, show_default=True,
+                     help="After a preemption or time-limit stop (checkpoint written), requeue the job; "
+                          "--no-requeue: it ends and you resubmit."),
+        click.Option(["--pyxis"], is_flag=True, help="Run inside --image with pyxis/enroot (srun --container-image)."),
+        click.Option(["--gpu-gres"], default=defaults.SLURM_GPU_GRES, show_default=True, metavar="NAME|none",
+                     help="GPU request: gpu (--gpus-per-node), another GRES such as gpu:h100 (--gres), "
+                          "or none (CPU-only cluster)."),
+        venv_param(),
+    ]
+
+
+BACKEND = register(Backend(
+    name="slurm",
+    help="sbatch script: one task per node running torchrun, rendezvous on the first node.",
+    render=render_job,
+    owned=lambda spec, opts: (SLURM_OWNED, TORCHRUN_OWNED),
+    params=_params,
+    parse=lambda extra, job_options: SlurmOptions.parse(**extra),
+    builder_inputs=lambda opts: ({"image_syntax": "enroot", "pulls_image": "slurm --pyxis"} if opts.pyxis
+                                 else {"image_syntax": "oci"}),
+    warnings=lambda job, opts: out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else [],
+))

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import click
+
 from launch.backends.base import Job
+from launch.backends.registry import Backend, owners, register
 from launch.backends.shell import (
     RDZV_ENDPOINT,
     common_context,
@@ -13,6 +16,7 @@ from launch.backends.shell import (
     preflight_context,
     torchrun_groups,
 )
+from launch.envnames import TORCHRUN_OWNED
 from launch.render import render
 
 
@@ -32,3 +36,18 @@ def render_job(job: Job, opts: TorchrunOptions = TorchrunOptions()) -> str:
     ctx["torchrun_groups"] = torchrun_groups(spec, RDZV_ENDPOINT, spec.rdzv.id)
     ctx.update(preflight_context(spec, spec.rdzv.id))
     return render("torchrun.sh.j2", **ctx)
+
+
+def venv_param() -> click.Option:
+    return click.Option(["--venv"], default=None, metavar="DIR",
+                        help="Virtual environment whose bin/ (torchrun, python) the script puts first on PATH.")
+
+
+BACKEND = register(Backend(
+    name="torchrun",
+    help="Bash script running torchrun (standalone, or c10d rendezvous on every node).",
+    render=render_job,
+    owned=owners(TORCHRUN_OWNED),
+    params=lambda: [venv_param()],
+    parse=lambda extra, job_options: TorchrunOptions.parse(extra["venv"]),
+))

@@ -1,6 +1,8 @@
-"""``launch k8s --api trainjob``: a Kubeflow Trainer v2 ``TrainJob`` that refers to the
-``ClusterTrainingRuntime`` of ``launch k8s-runtime``; with a ComputeDomain it brings a
-``TrainingRuntime`` of its own (see ``k8s_pod``)."""
+"""``launch k8s --api trainjob``: a Kubeflow Trainer v2 ``TrainJob`` together with the
+``TrainingRuntime`` it names (one multi-document file, applied together: the reference cannot
+dangle), and the ComputeDomain where the profile needs one (see ``k8s_pod``); or, with
+``--runtime NAME``, the TrainJob alone naming the ``ClusterTrainingRuntime`` kept under that
+name (``launch k8s-runtime --runtime NAME``)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from launch.backends.k8s_pod import (
     job_labels,
     refuse_preflight,
 )
-from launch.backends.runtime import TRAINER_CONTAINER, default_runtime_name, runtime_pod
+from launch.backends.runtime import TRAINER_CONTAINER, runtime_pod
 from launch.commandline import training_args
 from core.errors import SpecError
 from launch.render import header_lines, render
@@ -49,7 +51,7 @@ def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
             f"--name {spec.name!r} is too long for Kubernetes: JobSet's pod name "
             f"{longest!r} would exceed 63 characters"
         )
-    # the names the Trainer and torchrun own (PET_*...): envnames.BACKEND_OWNED, checked by the CLI
+    # the names the Trainer and torchrun own (PET_*...): runtime.TRAINER_OWNED, checked by the CLI
 
 
 def render_job(job: Job, opts: K8sOptions) -> str:
@@ -59,14 +61,15 @@ def render_job(job: Job, opts: K8sOptions) -> str:
     domain = compute_domain(spec, opts)
     if domain and opts.runtime:
         raise SpecError("--runtime: a job with a ComputeDomain brings its own TrainingRuntime")
-    if domain:
-        runtime = Runtime("TrainingRuntime", spec.name)
-        why = ("the job's own TrainingRuntime (above): it holds the ComputeDomain's IMEX channel "
-               "claim and the NVLink-domain affinity")
+    if opts.runtime:
+        runtime = Runtime("ClusterTrainingRuntime", opts.runtime)
+        why = (f"--runtime {opts.runtime}: the ClusterTrainingRuntime kept under this name; render it with "
+               "`launch k8s-runtime --runtime` and the same name, profile, fabric and options")
     else:
-        runtime = Runtime("ClusterTrainingRuntime", opts.runtime or default_runtime_name(spec, opts))
-        why = (f"profile {spec.profile.name} + fabric {spec.fabric.name}: render it with "
-               "`launch k8s-runtime` and the same options")
+        runtime = Runtime("TrainingRuntime", spec.name)
+        why = ("the job's own TrainingRuntime (above, applied with this job, so the reference always resolves): "
+               f"profile {spec.profile.name} + fabric {spec.fabric.name}"
+               + (", the ComputeDomain's IMEX channel claim and the NVLink-domain affinity" if domain else ""))
     trainjob = TrainJobSpec(
         image=spec.image,
         args=tuple(training_args(spec, container=True)),
@@ -79,7 +82,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
     )
     context = {"header": header_lines(job.command, spec), "name": spec.name, "namespace": opts.namespace,
                "job_labels": job_labels(spec, opts), "trainjob": trainjob, "runtime": runtime}
-    if not domain:
+    if opts.runtime:
         return check_manifest_size(render("trainjob.yaml.j2", **context))
     return check_manifest_size(render(
         "trainingruntime.yaml.j2", **context,

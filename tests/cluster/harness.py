@@ -223,7 +223,8 @@ class Node:
 class Cluster:
     """``n`` nodes on one bridge; see the module docstring."""
 
-    def __init__(self, n: int = 2, subnet_octet: int | None = None):
+    def __init__(self, n: int = 2, subnet_octet: int | None = None, hosts: str = "all"):
+        """``hosts`` (each node's /etc/hosts): all nodes; ``own`` itself only; ``debian`` itself as 127.0.1.1."""
         reason = skip_reason()
         if reason:
             raise RuntimeError(reason)
@@ -240,7 +241,7 @@ class Cluster:
             Node(self, i, f"node{i}", f"10.77.{octet}.{10 + i}", f"{self.tag}-node{i}", f"{self.tag}h{i}")
             for i in range(n)
         ]
-        self._torn_down = False
+        self.hosts_mode, self._torn_down = hosts, False
         with _lock:
             _live.append(self)
         _install_handlers()
@@ -262,7 +263,7 @@ class Cluster:
             _sh("ip", "netns", "add", node.netns)
             etc = Path("/etc/netns") / node.netns
             etc.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.hosts_file, etc / "hosts")
+            (etc / "hosts").write_text(self._hosts_of(node))
             (etc / "hostname").write_text(node.name + "\n")
             peer = f"{self.tag}n{node.index}"
             _sh("ip", "link", "add", node.host_veth, "type", "veth", "peer", "name", peer)
@@ -275,8 +276,17 @@ class Cluster:
             _sh("ip", "link", "set", "lo", "up", netns=node.netns)
         self._wait_links()
 
+    def _hosts_of(self, node: "Node") -> str:
+        base = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"  # + cloud VM / Debian node
+        if self.hosts_mode == "own":
+            return base + f"{node.ip} {node.name}\n"
+        if self.hosts_mode == "debian":
+            return base + f"127.0.1.1 {node.name}\n" + "".join(
+                f"{n.ip} {n.name}\n" for n in self.nodes if n is not node)
+        return self.hosts_file.read_text()
+
     def _wait_links(self, timeout: float = 10.0) -> None:
-        """Each node reaches every other by name over TCP (bridge ports take a moment)."""
+        """Each node reaches every other by address over TCP (bridge ports take a moment)."""
         if len(self.nodes) < 2:
             return
         probe = ("import socket,sys\n"
@@ -290,7 +300,7 @@ class Cluster:
                 if a is b:
                     continue
                 while True:
-                    if a.run(["python3", "-c", probe, b.name], timeout=10).returncode == 0:
+                    if a.run(["python3", "-c", probe, b.ip], timeout=10).returncode == 0:
                         break
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"{a.name} cannot reach {b.name} ({b.ip}) over the bridge")

@@ -250,6 +250,8 @@ def test_make_push_needs_registry() -> None:
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     proc = _make("-n", "push", "TARGET=hopper", "ENGINE=docker", "REGISTRY=r.example/x")
     assert "docker push r.example/x/hopper-train:hopper" in proc.stdout
+    proc = _make("-n", "build-image", "TARGET=hopper", "ENGINE=docker", "REGISTRY=r.example/x")
+    assert "-t hopper-train:hopper -t r.example/x/hopper-train:hopper ." in proc.stdout
 
 
 def test_make_test_container_gpu_detection() -> None:
@@ -261,9 +263,16 @@ def test_make_test_container_gpu_detection() -> None:
     assert "--device nvidia.com/gpu=all" in pod.stdout
 
 
-def test_make_k8s_apply() -> None:
-    proc = _make("-n", "k8s-apply", "KUBECTL_ARGS=--dry-run=client")
-    assert "kubectl apply -R -f k8s --dry-run=client" in proc.stdout
+def test_make_k8s_apply_applies_one_file(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("kind: TrainJob\n")
+    proc = _make("-n", "k8s-apply", f"FILE={job}", "KUBECTL=true", "KUBECTL_ARGS=--dry-run=client")
+    assert proc.returncode == 0, proc.stderr
+    assert f'true apply -f "{job}" --dry-run=client' in proc.stdout and "-R" not in proc.stdout
+    for args in ([], [f"FILE={tmp_path / 'missing.yaml'}"]):  # never the whole k8s/ folder
+        proc = _make("k8s-apply", "KUBECTL=true", *args)
+        assert proc.returncode != 0 and "FILE=" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_docker_mk_keeps_includers_default_goal(tmp_path: Path) -> None:

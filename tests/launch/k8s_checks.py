@@ -160,7 +160,8 @@ def check_manifests(docs: list[dict], runtimes: dict[str, dict] | None = None) -
             pods += [r["template"]["spec"]["template"]["spec"] for r in doc["spec"]["template"]["spec"]["replicatedJobs"]]
         elif doc["kind"] == "TrainJob":
             ref = doc["spec"]["runtimeRef"]
-            runtime = next((d for d in docs if d["kind"] == ref["kind"]), None) or (runtimes or {}).get(ref["name"])
+            runtime = next((d for d in docs if d["kind"] == ref["kind"] and d["metadata"]["name"] == ref["name"]),
+                           None) or (runtimes or {}).get(ref["name"])
             assert runtime is not None, f"TrainJob refers to {ref['kind']} {ref['name']}, which is not rendered"
             _check_trainjob(doc, runtime)
         elif doc["kind"] != "ComputeDomain":

@@ -21,7 +21,7 @@ import shlex
 
 import pytest
 from k8s_apiserver import admit, load_crd
-from k8s_checks import COMMITTED, CRDS, check_manifests, committed_runtimes, manifest_docs, render_docs
+from k8s_checks import COMMITTED, CRDS, check_manifests, committed_runtimes, manifest_docs, one_kind, render_docs
 
 from launch_testlib import REPO, backend_argv, job_shapes, render
 from testlib import load_script
@@ -109,11 +109,11 @@ def test_every_shape_renders_a_valid_pytorchjob():
 
 def test_pruned_fields_defaults_and_cel_rules_are_enforced():
     """The checker itself: what a server would prune, reject or default is caught."""
-    (job,) = render_docs(["k8s", "--profile", "h100"])
+    job = one_kind(render_docs(["k8s", "--profile", "h100"]), "TrainJob")
     job["spec"]["trainer"]["numNode"] = 2  # typo: a server prunes it silently
     errors = admit(job, load_crd(CRDS["TrainJob"])).errors
     assert errors == ["spec.trainer.numNode: unknown field, pruned by the API server"]
-    (job,) = render_docs(["k8s", "--profile", "h100", "--name", "x" * 40])
+    job = one_kind(render_docs(["k8s", "--profile", "h100", "--name", "x" * 40]), "TrainJob")
     job["metadata"]["name"] = "x" * 64  # CEL: size(self.metadata.name) <= 63
     assert any("CEL: size(self.metadata.name) <= 63" in e for e in admit(job, load_crd(CRDS["TrainJob"])).errors)
     (runtime,) = render_docs(["k8s-runtime", "--profile", "h100"])

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_api_choice_and_elastic_needs_pytorchjob():
-    assert render_docs(["k8s", "--profile", "h100"])[0]["kind"] == "TrainJob"
+    assert [d["kind"] for d in render_docs(["k8s", "--profile", "h100"])] == ["TrainingRuntime", "TrainJob"]
     elastic = render_docs(["k8s", "--profile", "h100", "--nnodes", "1:4", "--fabric", "infiniband"])
     assert [d["kind"] for d in elastic] == ["PyTorchJob"]
     rc, _, err = run_inproc(["k8s", "--api", "trainjob", "--nnodes", "1:4", "--fabric", "infiniband"])
@@ -46,18 +46,18 @@ def test_replica_layout():
     policy = elastic["spec"]["elasticPolicy"]
     assert (policy["minReplicas"], policy["maxReplicas"], policy["maxRestarts"]) == (1, 4, 3)
     assert elastic["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 1}
-    (trainjob,) = render_docs(["k8s", "--profile", "h100", "--nnodes", "3", "--fabric", "infiniband"])
+    trainjob = one_kind(render_docs(["k8s", "--profile", "h100", "--nnodes", "3", "--fabric", "infiniband"]), "TrainJob")
     assert trainjob["spec"]["trainer"]["numNodes"] == 3 and trainjob["spec"]["trainer"]["numProcPerNode"] == 8
 
 
 def test_runtime_carries_profile_and_fabric_trainjob_only_per_job_things():
     options = ["--profile", "h100", "--nnodes", "2", "--fabric", "infiniband", "--gang", "--grace-period", "600",
                "--node-selector", "pool=a100", "--image-pull-secret", "regcred", "--shm-size", "32Gi"]
-    (runtime,) = render_docs(["k8s-runtime", *options])
-    (trainjob,) = render_docs(["k8s", *options, "--queue", "team-a", "--image", "img:1", "--cpus", "64",
-                                "--env", "MY_FLAG=1", "--", "--config", "tiny"])
+    (runtime,) = render_docs(["k8s-runtime", *options, "--runtime", "h100-ib"])
+    (trainjob,) = render_docs(["k8s", *options, "--runtime", "h100-ib", "--queue", "team-a", "--image",
+                               "reg.example.com/img:1", "--cpus", "64", "--env", "MY_FLAG=1", "--", "--config", "tiny"])
     assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
-                                              "name": runtime["metadata"]["name"]}
+                                              "name": "h100-ib"} and runtime["metadata"]["name"] == "h100-ib"
     assert runtime["spec"]["podGroupPolicy"] == {"coscheduling": {"scheduleTimeoutSeconds": 300}}
     pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -66,7 +66,7 @@ def test_runtime_carries_profile_and_fabric_trainjob_only_per_job_things():
     assert container["resources"]["limits"]["rdma/ib"] == "1" and container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
     assert {e["name"]: e["value"] for e in container["env"]}["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "570"
     assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-    assert trainjob["spec"]["trainer"]["image"] == "img:1"
+    assert trainjob["spec"]["trainer"]["image"] == "reg.example.com/img:1"
     assert trainjob["spec"]["trainer"]["env"] == [{"name": "MY_FLAG", "value": "1"}]
     assert trainjob["spec"]["trainer"]["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8", "cpu": "64"}
     check_manifests([runtime])
@@ -77,13 +77,33 @@ def test_runtime_name_follows_the_runtime_content():
     def name(*extra):
         return render_docs(["k8s-runtime", "--profile", "h100", *extra])[0]["metadata"]["name"]
 
-    def ref(*extra):
-        return render_docs(["k8s", "--profile", "h100", *extra])[0]["spec"]["runtimeRef"]["name"]
+    assert name() == name("--image", "reg.example.com/o:2") and name().startswith("h100-nvlink-")
+    assert name("--gang") != name() and name("--shm-size", "8Gi") != name() and name("--runtime", "mine") == "mine"
 
-    assert name() == ref() == ref("--image", "other:1", "--env", "X=1", "--", "--steps", "3") == name("--image", "o:2")
-    assert name().startswith("h100-nvlink-")
-    assert name("--gang") != name() and ref("--gang") == name("--gang")
-    assert name("--shm-size", "8Gi") != name() and name("--runtime", "mine") == "mine" == ref("--runtime", "mine")
+
+@pytest.mark.parametrize("extra", [
+    [], ["--gang"], ["--shm-size", "8Gi"], ["--nnodes", "2", "--fabric", "infiniband", "--gang"],
+    ["--namespace", "ml", "--node-selector", "pool=a"], ["--profile", "gb200", "--nnodes", "2"],
+    ["--grace-period", "900", "--env", "X=1", "--", "--steps", "3"], ["--backoff-limit", "0", "--ttl-seconds", "60"],
+])
+def test_a_trainjob_always_names_a_runtime_it_brings(extra):
+    """However the options change, the file holds the runtime its TrainJob names (same kind, name and
+    namespace): applied together, the reference cannot dangle."""
+    docs = render_docs(["k8s", "--profile", "h100", "--name", "job-a", *extra])
+    job = one_kind(docs, "TrainJob")
+    ref = job["spec"]["runtimeRef"]
+    runtime = one_kind(docs, "TrainingRuntime")
+    assert (ref["kind"], ref["name"]) == ("TrainingRuntime", runtime["metadata"]["name"])
+    assert runtime["metadata"].get("namespace") == job["metadata"].get("namespace")
+    check_manifests(docs)
+
+
+def test_a_chosen_cluster_runtime_name_is_the_reference():
+    (job,) = render_docs(["k8s", "--profile", "h100", "--runtime", "h100-team", "--gang"])
+    (runtime,) = render_docs(["k8s-runtime", "--profile", "h100", "--runtime", "h100-team", "--gang"])
+    assert job["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"] == "h100-team"
+    assert job["spec"]["runtimeRef"]["kind"] == runtime["kind"] == "ClusterTrainingRuntime"
+    check_manifests([job], {"h100-team": runtime})
 
 
 def test_runtime_and_trainjob_refuse_misplaced_options():
@@ -180,9 +200,9 @@ def test_long_name_rejected_for_operator_services():
     assert rc == 2 and "exceed 63" in err
     # JobSet's webhook: <name>-node-0-<index>-<5 random> within 63 characters
     longest_ok = "a" * (63 - len("-node-0-11-xxxxx"))
-    (job,) = render_docs(["k8s", "--name", longest_ok, "--nnodes", "12", "--fabric", "infiniband"])
-    (runtime,) = render_docs(["k8s-runtime", "--nnodes", "12", "--fabric", "infiniband"])
-    check_manifests([job], {runtime["metadata"]["name"]: runtime})
+    docs = render_docs(["k8s", "--name", longest_ok, "--nnodes", "12", "--fabric", "infiniband"])
+    check_manifests(docs)
+    job, runtime = one_kind(docs, "TrainJob"), one_kind(docs, "TrainingRuntime")
     rc, _, err = run_inproc(["k8s", "--name", longest_ok + "a", "--nnodes", "12", "--fabric", "infiniband"])
     assert rc == 2 and "exceed 63" in err
     assert jobset_webhook(trainer_jobset(
@@ -203,7 +223,7 @@ def test_operator_rules_reject_what_the_operators_reject():
     bad = json.loads(json.dumps(runtime))
     bad["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["name"] = "trainer"
     assert runtime_webhook_errors(bad) and not runtime_webhook_errors(runtime)
-    (job,) = render_docs(["k8s", "--profile", "h100"])
+    job = one_kind(render_docs(["k8s", "--profile", "h100"]), "TrainJob")
     job["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "3"}]
     assert any("reserved envs" in e for e in trainjob_webhook_errors(job, runtime))
     # the injected environment: a 3-node fixed PyTorchJob, worker 1 is node rank 2
@@ -235,7 +255,8 @@ def test_hostile_values_survive_yaml_and_kubernetes_expansion(tmp_path, api):
         args, env_items = container["args"], container["env"]
         static_env = env_items
     else:
-        args, env_items = docs[0]["spec"]["trainer"]["args"], docs[0]["spec"]["trainer"]["env"]
+        job, runtime = one_kind(docs, "TrainJob"), one_kind(docs, "TrainingRuntime")
+        args, env_items = job["spec"]["trainer"]["args"], job["spec"]["trainer"]["env"]
         static_env = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
     # train run without --out: the job's directory on the checkpoint volume (hostile too)
     assert [expand(a) for a in args] == ["-m", "train", "run", "--out", "/ck pt/$(HOME)/'q\"/train", *values]

@@ -67,17 +67,17 @@ def test_a_failed_preflight_stops_the_job_with_exit_3(tmp_path, preflight_rc, ex
     script.write_text(render(["torchrun", *MULTI, "--preflight", "--preflight-min-fraction", "0.25",
                               "--preflight-busbw", "12.5", "--", "--config", "tiny"]))
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "STUB_PREFLIGHT_RC": str(preflight_rc),
-           "LAUNCH_RDZV_ENDPOINT": "head:31000"}
+           "LAUNCH_RDZV_ENDPOINT": "127.0.0.1:31000"}  # loopback: this node is the host
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == expect_rc, proc.stderr
     argvs = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(argvs) == calls
     pre = argvs[0]
-    assert pre[pre.index("--rdzv-endpoint") + 1] == "head:31001"  # the training's host, port + 1
+    assert pre[pre.index("--rdzv-endpoint") + 1] == "127.0.0.1:31001"  # the training's host, port + 1
     assert pre[pre.index("--rdzv-id") + 1] == "train-preflight"
     assert pre[-7:] == ["-m", "train", "preflight", "--min-fraction", "0.25", "--expect-busbw", "12.5"]
     if calls == 2:
-        assert argvs[1][argvs[1].index("--rdzv-endpoint") + 1] == "head:31000"
+        assert argvs[1][argvs[1].index("--rdzv-endpoint") + 1] == "127.0.0.1:31000"
         assert argvs[1][-4:] == ["run", "--config", "tiny"] or "run" in argvs[1]
         assert "launch: preflight passed in" in proc.stderr
     else:

@@ -50,7 +50,8 @@ def test_train_cli_is_hardened():
 ])
 def test_valid_images_render(image):
     for backend in ("docker", "k8s", "torchrun"):
-        assert run_inproc([backend, "--image", image])[0] == 0
+        preloaded = ["--image-preloaded"] if backend == "k8s" and "/" not in image else []  # a short name
+        assert run_inproc([backend, "--image", image, *preloaded])[0] == 0
 
 
 @pytest.mark.parametrize("image", [
