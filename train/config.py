@@ -385,7 +385,28 @@ def build_config(data: dict[str, Any]) -> JobConfig:
     return cfg
 
 
+def set_key(job: JobConfig, dotted: str, value: Any) -> None:
+    """Set one ``section.key`` of ``job`` after the type check of loading (no validation of the whole)."""
+    section, _, name = dotted.partition(".")
+    obj = getattr(job, section, None)
+    if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
+        raise ConfigError(f"{dotted}: unknown key")
+    setattr(obj, name, _coerce(value, typing.get_type_hints(type(obj))[name], dotted))
+
+
+def set_keys(data: dict[str, Any], prefix: str = "") -> frozenset[str]:
+    """The dotted keys a config mapping sets (``train.plan`` never changes these)."""
+    keys: set[str] = set()
+    for k, v in data.items():
+        keys |= set(set_keys(v, f"{prefix}{k}.")) if isinstance(v, dict) else {f"{prefix}{k}"}
+    return frozenset(keys)
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> JobConfig:
+    """The job from a YAML file or preset and ``--set`` overrides. ``job.explicit_keys`` holds the
+    keys they set: the automatic plan (``train.plan``) decides only the others."""
     data: dict[str, Any] = load_yaml(resolve_config_path(path)) if path is not None else {}
     data = _merge(data, parse_overrides(overrides))
-    return build_config(data)
+    job = build_config(data)
+    job.explicit_keys = set_keys(data)
+    return job

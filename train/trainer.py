@@ -29,6 +29,7 @@ from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_
 from train.parallel import ParallelDims, Parallelized, parallelize
 from train.parallel.attention import attention_context
 from train.parallel.symm_comm import nccl_env
+from train.plan_apply import apply_plan
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.preemption import Preemption
@@ -95,12 +96,13 @@ def should_resume(job, resume_flag: bool) -> bool:
 
 class Trainer:
     def __init__(self, job, info: tdist.DistInfo, out_dir: Path, resume: bool = False):
-        self.job = job
         self.info = info
         self.out_dir = out_dir
         self.device = info.device
-        self.precision = amp.resolve_precision(job.train.precision, self.device)
         self.dims = ParallelDims.from_job(job, info.world_size)  # resolved once, passed down
+        # the automatic plan (train/plan.py): the tuning keys the job leaves open, once, logged in one line
+        self.job = job = apply_plan(job, info, self.dims, out_dir, should_resume(job, resume), self._log)
+        self.precision = amp.resolve_precision(job.train.precision, self.device)
         self.par: Parallelized = self._build_model()
         # Anything random that should differ across ranks (dropout, sampling) draws from here.
         torch.manual_seed(job.train.seed + 1000 * info.rank)
@@ -415,8 +417,8 @@ PROGRESS_LOGGERS = (__name__, "train.checkpointer")
 def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
     """Initialise the process group, train, tear down. Used by ``train run``.
 
-    ``on_start()`` runs once the model is built and any checkpoint loaded, before the
-    first step (``train run`` records the start/resume in config.yaml there)."""
+    ``on_start(job)`` runs once the model is built and any checkpoint loaded, before the
+    first step, with the job as planned (``train run`` records it and the start/resume in config.yaml)."""
     console.setup(stdout=PROGRESS_LOGGERS)  # progress lines on stdout, once per process
     info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder",
                                   nccl_env=nccl_env(job))
@@ -425,7 +427,7 @@ def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
         try:
             trainer = Trainer(job, info, out_dir, resume=resume)
             if on_start is not None:
-                on_start()
+                on_start(trainer.job)  # the job as planned: what config.yaml records
             trainer._log(trainer.describe())
             return trainer.fit()
         except Exception as exc:
