@@ -153,4 +153,4 @@ def test_resume_keeps_the_recorded_plan(tmp_path: Path):
 
     third = torchrun([*args, "--steps", "4", "--resume", "--set", "train.loss_chunk_tokens=32"])
     assert third.returncode != 0  # torchrun reports its workers' exit 2 as its own 1
-    assert "the config differs from the run" in third.stderr and "train.loss_chunk_tokens: 16 -> 32" in third.stderr
+    assert "the config differs from the run" in third.stderr and "train.loss_chunk_tokens: '16' -> '32'" in third.stderr
