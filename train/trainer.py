@@ -23,7 +23,7 @@ from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.loss import head_args, loss_from
-from train.metrics import MetricsLogger, ProgressBar, StepTimer, mfu, peak_memory_gib
+from train.metrics import MetricsLogger, ProgressBar, StepTimer, allocator_stats, mfu, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step, device_gated
 from train.parallel import ParallelDims, Parallelized, parallelize
@@ -323,7 +323,7 @@ class Trainer:
                 timer.start()
                 loss, grad_norm, stop = self.train_step()
                 dt = timer.stop()
-                step_stats: dict = {}
+                step_stats: dict = allocator_stats(self.device)  # reserved_gib, alloc_retries (CUDA)
                 for collect in self.par.step_metrics:  # e.g. comm_bytes, exposed_comm_ms (comm.measure)
                     step_stats.update(collect())
                 summary.add_step(loss, tokens_per_step, dt)
