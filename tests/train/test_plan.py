@@ -154,3 +154,19 @@ def test_resume_keeps_the_recorded_plan(tmp_path: Path):
     third = torchrun([*args, "--steps", "4", "--resume", "--set", "train.loss_chunk_tokens=32"])
     assert third.returncode != 0  # torchrun reports its workers' exit 2 as its own 1
     assert "the config differs from the run" in third.stderr and "train.loss_chunk_tokens: '16' -> '32'" in third.stderr
+
+
+def test_doctor_shows_the_plan():
+    """``train doctor --preset 8b --profile h100 --gpus 2`` prints what a run would choose there."""
+    import json
+
+    from testlib import train_cli
+
+    res = train_cli(["doctor", "--preset", "8b", "--profile", "h100", "--gpus", "2", "--json"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    shown = json.loads(res.stdout)["memory"]["plan"]
+    assert shown["config"] == "8b" and shown["budget_gib"] == 77.0  # the profile's 80 GiB less the headroom
+    assert shown["values"]["parallel.compile"] is True and 0 < shown["values"]["parallel.ac_skip_last"] <= 8
+    text = train_cli(["doctor", "--preset", "1b", "--profile", "h200", "--gpus", "2"])
+    assert "automatic plan for --config 1b: 2 x 141.0 GiB, 1b fsdp 4x2048 bf16: compile on" in text.stdout
+    assert "parallel.reshard_after_forward=never" in text.stdout
