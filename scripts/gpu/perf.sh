@@ -3,7 +3,7 @@
 #
 #   PART=levers  bash scripts/gpu/perf.sh   2xH200, ~7-9 min: each lever alone on 1b, 1 GPU
 #                                           (8x2048, compile, AC none, bf16: train.loss,
-#                                           parallel.sdpa_backend, parallel.sdpa_gqa, and two
+#                                           parallel.sdpa_backend, and two
 #                                           combinations), GPU 0 and GPU 1 concurrently; the all-reduce
 #                                           latency table (NCCL vs symmetric memory, 2 GPUs);
 #                                           the step-time effect of comm.small_reduce (1b FSDP2).
@@ -171,8 +171,6 @@ EOF
   p1=$(plan levers_attn <<'EOF'
 - {set: [parallel.sdpa_backend=cudnn]}
 - {set: [parallel.sdpa_backend=flash]}
-- {set: [parallel.sdpa_gqa=repeat]}
-- {set: [parallel.sdpa_gqa=repeat, parallel.sdpa_backend=cudnn]}
 - {set: [train.loss=chunked, parallel.sdpa_backend=cudnn]}
 EOF
 )

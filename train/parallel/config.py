@@ -61,8 +61,6 @@ class ParallelConfig:
     # scaled_dot_product_attention kernel, applied around forward and backward (sdpa_kernel):
     # auto (torch picks) | flash | cudnn | efficient | math
     sdpa_backend: str = "auto"
-    # grouped-query attention: native (enable_gqa=True: K/V never repeated) | repeat (copy each KV head per query head)
-    sdpa_gqa: str = "native"
 
     def validate(self) -> None:
         from train.errors import ConfigError
@@ -115,8 +113,6 @@ class ParallelConfig:
             raise ConfigError(f"parallel.compile_mode: must be one of {', '.join(COMPILE_MODES)}")
         if self.sdpa_backend not in SDPA_BACKENDS:
             raise ConfigError(f"parallel.sdpa_backend: must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa_backend!r}")
-        if self.sdpa_gqa not in ("repeat", "native"):
-            raise ConfigError(f"parallel.sdpa_gqa: must be repeat or native, got {self.sdpa_gqa!r}")
         if self.compile_backend not in ("inductor", "aot_eager"):
             raise ConfigError(f"parallel.compile_backend: must be inductor or aot_eager, got {self.compile_backend!r}")
 
