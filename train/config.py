@@ -108,7 +108,9 @@ class TrainConfig:
     max_nan_skips: int = 5
     timeout_s: int = 600  # process-group timeout: a hung collective ends the job after this
     shutdown_grace_s: int = 120  # SIGTERM: finish the step, checkpoint, exit within this
-    loss: str = "auto"  # auto (compiled on CUDA, eager elsewhere) | eager | compiled | chunked (train/loss.py)
+    # auto (compiled on CUDA, eager elsewhere) | eager | compiled | chunked (train/loss.py); left unset on
+    # CUDA with compile on, the plan takes chunked and the chunk size (train/plan.py)
+    loss: str = "auto"
     loss_chunk_tokens: int = 4096  # loss=chunked: tokens per chunk of the fused output projection + loss
 
     def validate(self) -> None:
@@ -143,7 +145,8 @@ class CheckpointConfig:
     resume: str = "auto"  # auto (resume when a checkpoint exists under torchrun restarts) | never | always
     # DCP async_save: stage to host memory (pinned on CUDA), write in a background thread;
     # `latest` moves only once every rank's write finished and verified. Final and
-    # preemption checkpoints still wait for their write.
+    # preemption checkpoints still wait for their write. Left unset on CUDA: on where the host
+    # memory holds the staged state (train/plan.py).
     async_save: bool = False
 
     def validate(self) -> None:

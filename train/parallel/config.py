@@ -27,12 +27,14 @@ class ParallelConfig:
     # FSDP2 knobs
     fsdp_param_dtype: str = "auto"  # auto (= train.precision) | bf16 | fp32: dtype of the unsharded params in fwd/bwd
     fsdp_reduce_dtype: str = "fp32"  # fp32 | bf16: dtype of the gradient reduce-scatter / all-reduce
-    reshard_after_forward: str = "auto"  # auto (every block but the last) | always | never (ZeRO-2 like)
+    # auto (every block but the last) | always | never (ZeRO-2 like); unset: the plan's never for FSDP2 without AC
+    reshard_after_forward: str = "auto"
     cpu_offload: bool = False  # keep sharded params, grads and optimizer state in host memory
     fsdp_prefetch: int = 1  # blocks to all-gather ahead explicitly (forward and backward); 0 = FSDP's implicit
     # FSDP2's collective buffers from symmetric memory (NCCL on CUDA; train/parallel/symm_comm.py):
     # auto (all_gather within one node with NCCL >= 2.28, else none) | none | all_gather | all (also the
-    # reduce-scatter, as an all-to-all + local sum); the trainer sets NCCL_CTA_POLICY=2: copy engines
+    # reduce-scatter, as an all-to-all + local sum); the trainer sets NCCL_CTA_POLICY=2: copy engines;
+    # unset: the plan's all for FSDP2 without AC where auto is all_gather
     fsdp_symm_mem: str = "auto"
     # one rank (world size 1): cast = FSDP's mixed precision by casting the parameters in the forward,
     # without fully_shard's one-rank copies (train/parallel/cast.py) | shard = fully_shard as on many ranks
@@ -51,7 +53,7 @@ class ParallelConfig:
     compile_backend: str = "inductor"  # inductor | aot_eager (debugging: traces, no code generation)
     # < 1: the compiled blocks' partitioner recomputes in backward what it would have saved,
     # cheapest first, until the saved activations fit this fraction (torch._functorch.config)
-    activation_memory_budget: float = 1.0
+    activation_memory_budget: float = 1.0  # unset: the plan's 0.999 on the first 3/8 blocks for FSDP2 without AC
     activation_memory_budget_skip_last: int = 0  # the last k compiled blocks without the budget (inductor)
     # compiled blocks recompute in backward the bf16 casts of the fp32 parameters that autocast makes
     # inside them (DDP, fsdp_one_rank=cast) instead of saving them: 2 bytes per parameter less memory,
