@@ -56,6 +56,9 @@ PLAN_KEYS = (
 # with 12 retries and 5% fewer tokens/s (docs/results/h100x2-perf/24-h1008b). The rest holds the
 # CUDA context, NCCL's buffers and the allocator's slack.
 HEADROOM_BYTES = 3 * GiB
+# This process's own share of a card before the model exists (CUDA context, NCCL communicator
+# buffers: about 0.5 + 1 GiB on an H100), part of the headroom above.
+OWN_BYTES = 2 * GiB
 # Reserved memory with AC on every block over the memory model's end-of-backward estimate
 # (the step phase): 72.69 / 59.83 GiB bf16, 73.45 / 59.83 FP8 tensorwise (same run).
 RESERVED_OVER_STEP = {"bf16": 1.215, "fp8": 1.228}
@@ -132,9 +135,10 @@ def _set(res: PlanResult, inputs: PlanInputs, key: str, value: Any) -> bool:
 
 
 def memory_budget(inputs: PlanInputs) -> int:
-    """Bytes the allocator may reserve: the card's memory (or what is free on it, plus the
-    context this process already holds) less :data:`HEADROOM_BYTES`."""
-    seen = min(inputs.total_bytes, inputs.free_bytes + GiB // 2) if inputs.free_bytes else inputs.total_bytes
+    """Bytes the allocator may reserve: the card's memory less :data:`HEADROOM_BYTES`, or less
+    what other processes hold on it: the free memory at start plus :data:`OWN_BYTES` (this
+    process's CUDA context and NCCL buffers, which the headroom already covers)."""
+    seen = min(inputs.total_bytes, inputs.free_bytes + OWN_BYTES) if inputs.free_bytes else inputs.total_bytes
     return max(0, seen - HEADROOM_BYTES)
 
 
