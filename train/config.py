@@ -203,9 +203,6 @@ class JobConfig:
                 f"comm.hook={self.comm.hook}: communication hooks are DDP hooks; parallel.strategy="
                 f"{self.parallel.strategy} does not use them (set comm.hook=none or parallel.strategy=ddp)"
             )
-        if self.parallel.fsdp_symm_mem in ("all_gather", "all") and self.comm.small_reduce == "symm_mem":
-            raise ConfigError(f"parallel.fsdp_symm_mem={self.parallel.fsdp_symm_mem}: not with comm.small_reduce=symm_mem "
-                              "(one symmetric-memory backend per process: NCCL's for FSDP2, torch's for the small reduce)")
         if self.train.loss == "chunked" and self.parallel.tp != 1:
             raise ConfigError("train.loss=chunked: not with tensor parallelism (parallel.tp != 1): use eager or compiled")
         if self.train.loss == "compiled" and self.parallel.tp != 1 and self.parallel.loss_parallel:

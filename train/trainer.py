@@ -16,7 +16,6 @@ from train import console
 from train import distributed as tdist
 from train.checkpoint import CheckpointManager
 from train.checkpointer import Checkpointer
-from train.comm.small_reduce import small_all_reduce
 from train.data import ShardInfo, build_loader, to_device
 from train.models.shapes import param_count
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
@@ -230,7 +229,7 @@ class Trainer:
         ])
         if self.info.backend is not None:
             with tdist.collective(_AGREEMENT):
-                vec = small_all_reduce(vec, self.job.comm.small_reduce)  # comm.small_reduce: nccl | symm_mem
+                torch.distributed.all_reduce(vec)
         return vec
 
     def _agree_read(self, vec: torch.Tensor) -> tuple[float, bool, bool]:
