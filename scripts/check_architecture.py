@@ -19,8 +19,8 @@ from pathlib import Path
 
 PACKAGES = ("core", "train", "launch")
 SIZE_DIRS = ("core", "train", "launch", "scripts", "tests")
-MAX_FILE_LINES = 450
-MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 800  # a bound on sprawl, not a target: files divide where their code does
+MAX_FUNCTION_LINES = 80
 SOURCE_SUFFIXES = (".py", ".sh", ".j2")  # what the file-size limit covers (functions: .py only)
 # Generated data, not written by hand: the launch goldens are whole rendered scripts/manifests.
 EXCLUDED = ("tests/launch/golden/",)

@@ -110,7 +110,7 @@ def test_core_never_imports_torch():
     assert mods and {m: names for m, names in bad.items() if names} == {}
 
 
-def test_no_file_over_450_lines_and_no_function_over_60():
+def test_no_file_over_800_lines_and_no_function_over_80():
     assert arch.EXCLUDED == ("tests/launch/golden/",)  # generated data only
     files = arch.source_files(ROOT, suffixes=arch.SOURCE_SUFFIXES)
     assert len(files) > 200

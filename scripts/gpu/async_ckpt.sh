@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16: the training stall per checkpoint, synchronous DCP save vs checkpoint.async_save
+# The training stall per checkpoint, synchronous DCP save vs checkpoint.async_save
 # (DCP async_save, pinned-memory staging), on 2 GPUs with FSDP2 + full activation
 # checkpointing at the 8b preset's width. Bounded: 2 runs of at most RUN_LIMIT_S (default
 # 180 s) each plus ~20 s (< 7 minutes); about 3-4 minutes when nothing goes wrong.

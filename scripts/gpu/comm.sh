@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU campaign for train/comm (issue 4): collective bandwidth, NCCL tuning, emulated slow
+# train/comm on a 2-GPU host: collective bandwidth, NCCL tuning, emulated slow
 # links and gradient compression. Run from the repo root on a 2-GPU host (2xH200, NVLink):
 #
 #     OUT=/some/dir bash scripts/gpu/comm.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU campaign for `train doctor` (issue 5): the setup report on a real GPU host, and the
+# `train doctor` on a 2-GPU host: the setup report on a real GPU host, and the
 # memory estimator (train/doctor/memory.py) against torch.cuda.max_memory_allocated of real
 # training steps. Run from the repo root on a 2-GPU host (2xH200, NVLink):
 #

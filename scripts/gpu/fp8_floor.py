@@ -1,4 +1,4 @@
-"""How fast tensorwise FP8 training can be at a preset's shapes, from timed kernels (issue 12, goal 2).
+"""How fast tensorwise FP8 training can be at a preset's shapes, from timed kernels.
 
 On one GPU, for the block linears of one layer (the output projection stays bf16 in this
 project and torchtitan, so it is left out), at M = tokens per GPU per step:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3 (parallel strategies, AC, compile, FP8) on a 2-GPU Hopper node: ~4-5 min wall.
+# Parallel strategies, AC, compile, FP8 on a 2-GPU Hopper node: ~4-5 min wall.
 #
 #   bash scripts/gpu/parallel.sh            (from the repo root; results in $OUT/parallel/)
 #

@@ -103,7 +103,7 @@ def test_slurm_job_with_preflight_stops_before_training_naming_the_node(cluster,
 
     if slurm_missing():
         pytest.skip(slurm_missing())
-    profile = yaml.safe_load((REPO / "launch" / "profiles" / "generic.yaml").read_text())
+    profile = yaml.safe_load((REPO / "core" / "profiles" / "generic.yaml").read_text())
     profile.update(description="emulated cluster node: 2 CPU cores, 1 training process", cpus_per_node=2)
     profile["gpu"]["gpus_per_node"] = 1
     (cluster.workdir / "node.yaml").write_text(yaml.safe_dump(profile))

@@ -25,7 +25,7 @@ SMALL = ["--set", "train.log_every=1", "--set", "train.batch_size=8", "--set", "
 
 def node_profile(workdir: Path) -> Path:
     """A profile describing the emulated node (2 CPUs, 2 processes), as a user writes one for a site."""
-    data = yaml.safe_load((REPO / "launch" / "profiles" / "generic.yaml").read_text())
+    data = yaml.safe_load((REPO / "core" / "profiles" / "generic.yaml").read_text())
     data["description"] = "emulated cluster node: 2 CPU cores, 2 training processes"
     data["gpu"]["gpus_per_node"] = 2
     data["cpus_per_node"] = 2

@@ -48,7 +48,7 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "link.sh").symlink_to(tmp / "afile")
     (tmp / "dangling").symlink_to(tmp / "nowhere")
     (tmp / "etc_link").symlink_to("/etc")
-    generic = (Path(__file__).resolve().parents[2] / "launch" / "profiles" / "generic.yaml").read_text()
+    generic = (Path(__file__).resolve().parents[2] / "core" / "profiles" / "generic.yaml").read_text()
     profiles = {"ifs_profile": ("OMP_NUM_THREADS:", "IFS:"), "copy_profile": ("", ""), "int_key_profile": ("OMP_NUM_THREADS:", "1:"),
                 "nul_env_profile": ('value: "4"', 'value: "4\\0x"'),
                 "huge_gpus_profile": ("gpus_per_node: 8", "gpus_per_node: 99999999999999999999"),
@@ -57,7 +57,7 @@ def _config_files(tmp: Path) -> dict[str, str]:
                 "long_selector_profile": ("notes:", "k8s:\n  node_selector:\n    " + "a" * 64 + ": v\nnotes:")}
     for name, (old, new) in profiles.items():
         (tmp / f"{name}.yaml").write_text(generic.replace(old, new))
-    infiniband = (Path(__file__).resolve().parents[2] / "launch" / "fabrics" / "infiniband.yaml").read_text()
+    infiniband = (Path(__file__).resolve().parents[2] / "core" / "fabrics" / "infiniband.yaml").read_text()
     (tmp / "long_rdma_fabric.yaml").write_text(infiniband.replace("name: rdma/ib", "name: rdma/" + "a" * 70))
     (tmp / "int_key.yaml").write_text("train:\n  1: 2\n")
     (tmp / "octal.yaml").write_text("train:\n  steps: 010\n")

@@ -24,7 +24,7 @@ from core import catalog
 from launch import envnames
 from core.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
 
-PACKAGE = REPO / "launch"
+PACKAGE = REPO / "core"  # the hardware catalog: profiles and fabrics
 REQUIRED_PROFILES = {"h100", "h200", "b200", "gb200", "rtx-pro-6000", "generic"}
 REQUIRED_FABRICS = {"nvlink", "infiniband", "roce", "ethernet", "efa"}
 ALL_OPTIONS = [
@@ -241,7 +241,7 @@ def test_env_values_a_process_cannot_receive_and_missing_site_values_name_their_
         rc, _, err = run_inproc(argv)
         assert rc == 2 and f"{what}: 131072 bytes; Linux takes at most 131071" in err, err
     assert run_inproc(["torchrun", "--", "a" * 131071])[0] == 0
-    h100 = yaml.safe_load((REPO / "launch" / "profiles" / "h100.yaml").read_text())
+    h100 = yaml.safe_load((REPO / "core" / "profiles" / "h100.yaml").read_text())
     h100["env"]["SITE_THING"] = {"value": None, "why": "the site's own value"}
     path = tmp_path / "sitevalue.yaml"
     path.write_text(yaml.safe_dump(h100))

@@ -13,8 +13,8 @@ from launch_testlib import REPO, render, run_cli, run_inproc
 
 pytestmark = pytest.mark.timeout(180)
 
-H100 = REPO / "launch" / "profiles" / "h100.yaml"
-INFINIBAND = REPO / "launch" / "fabrics" / "infiniband.yaml"
+H100 = REPO / "core" / "profiles" / "h100.yaml"
+INFINIBAND = REPO / "core" / "fabrics" / "infiniband.yaml"
 
 
 def _refused(argv: list[str], culprit: str, env: dict | None = None) -> str:
@@ -55,7 +55,7 @@ def test_check_safe_rechecks_every_name():
 def test_fabric_files_may_set_network_plugin_variables_and_env_flags_may_not(tmp_path):
     """A site fabric carries its NCCL net plugin's variables, which NCCL's documentation does not list
     (e.g. GCP's NCCL_FASTRAK_*): the file renders; the same name from --env still needs the flag."""
-    fabric = _yaml_with(tmp_path, REPO / "launch" / "fabrics" / "ethernet.yaml", lambda d: d["env"].update(
+    fabric = _yaml_with(tmp_path, REPO / "core" / "fabrics" / "ethernet.yaml", lambda d: d["env"].update(
         {"NCCL_FASTRAK_IFNAME": {"value": "eth1,eth2", "why": "the TCPXO plugin's data NICs"}}))
     text = render(["torchrun", "--nnodes", "2", "--fabric", str(fabric)])
     assert "NCCL_FASTRAK_IFNAME" in text
@@ -106,12 +106,13 @@ def test_output_never_replaces_an_input(tmp_path):
         assert (target.read_text() if target.exists() else None) == before, argv
 
 
-def test_output_never_goes_inside_the_launch_package():
-    from core.catalog import PACKAGE_DIR  # the package in use: the repository's, or an image's installed copy
+def test_output_never_goes_inside_the_launch_or_core_package():
+    from core.catalog import PACKAGE_DIR as CORE_DIR  # the packages in use: the repository's, or an image's
+    from launch.cli import LAUNCH_DIR
 
-    profile, new = PACKAGE_DIR / "profiles" / "h100.yaml", PACKAGE_DIR / "templates" / "new.sh"
+    profile, new = CORE_DIR / "profiles" / "h100.yaml", LAUNCH_DIR / "templates" / "new.sh"
     before = profile.read_bytes()
-    _refused(["torchrun", "-o", str(profile)], "the launch package")
+    _refused(["torchrun", "-o", str(profile)], "the core package")
     _refused(["torchrun", "-o", str(new)], "the launch package")
     assert profile.read_bytes() == before and not new.exists()
 

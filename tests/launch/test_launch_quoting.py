@@ -337,7 +337,7 @@ def _hostile_catalog(tmp_path: Path, canary: Path) -> tuple[Path, Path]:
     directory.mkdir()
     paths = []
     for kind, name in (("profiles", "h100"), ("fabrics", "infiniband")):
-        data = yaml.safe_load((REPO / "launch" / kind / f"{name}.yaml").read_text())
+        data = yaml.safe_load((REPO / "core" / kind / f"{name}.yaml").read_text())
         data["description"] = f"desc{text}"
         data["notes"] = [f"note{text}"]
         for item in data["env"].values():

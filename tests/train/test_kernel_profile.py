@@ -1,5 +1,5 @@
 """scripts/gpu/kernel_profile.py: the per-step breakdown of a profiler trace, and the wrapper's
-exit codes (the GPU side runs through scripts/gpu/perf.sh PART=profile)."""
+exit codes (on a GPU it wraps either side of `python3 scripts/gpu/tables.py vs-titan`)."""
 
 from __future__ import annotations
 

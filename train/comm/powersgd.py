@@ -2,7 +2,7 @@
 
 ``comm.powersgd_impl`` picks the hook:
 
-* ``torch``: torch's ``powerSGD_hook`` as shipped. Where its time goes on a GPU: per
+* ``torch`` (default): torch's ``powerSGD_hook`` as shipped. Where its time goes on a GPU: per
   bucket it runs three collectives one after the other (the uncompressed tensors, P,
   Q) and, at the end of every bucket, ``torch.cuda.synchronize(device)``. DDP calls the
   hook from the autograd thread while the backward is still being queued, and NCCL
@@ -12,7 +12,7 @@
   collectives have crossed the link. Compute and communication never overlap, and
   each bucket pays three link latencies in a row. For rank > 2 it also orthogonalises
   with ``torch.linalg.qr`` (cuSOLVER, one call per matrix).
-* ``train`` (default; :func:`powersgd_hook` here): the same algorithm and state
+* ``train`` (:func:`powersgd_hook` here): the same algorithm and state
   (``error_dict``, ``p_memory_dict``, ``q_memory_dict``, warm start, the same seeded Q
   initialisation), with (1) no synchronize: every tensor the chained callbacks touch
   lives in per-bucket buffers kept in the state, so nothing is freed while a

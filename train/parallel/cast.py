@@ -4,7 +4,7 @@ With one rank, ``fully_shard``'s all-gather and reduce-scatter move nothing betw
 still cost a pass over memory each: every step casts every parameter into a gather buffer,
 copies it out (again in backward when resharded after forward) and casts and copies every
 gradient through a reduce buffer (12.9 ms of a 218 ms 1b step on one H200 in
-``scripts/gpu/kernel_profile.py``, docs/results/h200-perf/4-tune1b).
+``scripts/gpu/kernel_profile.py``; docs/performance.md, ``parallel.fsdp_one_rank``).
 ``parallel.fsdp_one_rank=cast`` (the default) keeps the numerics and drops the copies: the
 forward runs on casts of the fp32 parameters to the FSDP parameter dtype (bf16), and
 autograd sends each cast's gradient back to the fp32 parameter's ``.grad``, as FSDP's fp32
