@@ -53,7 +53,7 @@ PLAN_KEYS = (
 
 # The allocator's reserved memory must stay this far below the card's total. 2xH100 80GB
 # (79.19 GiB), 8b FSDP2 4x2048: 76.10 GiB reserved ran without a cudaMalloc retry, 76.79 GiB
-# with 12 retries and 5% fewer tokens/s (docs/results/h100x2-perf/24-h1008b). The rest holds the
+# with 12 retries and 5% fewer tokens/s (measured 2026-11-27). The rest holds the
 # CUDA context, NCCL's buffers and the allocator's slack.
 HEADROOM_BYTES = 3 * GiB
 # This process's own share of a card before the model exists (CUDA context, NCCL communicator
@@ -68,13 +68,13 @@ RESERVED_OVER_STEP = {"bf16": 1.215, "fp8": 1.228}
 RESERVED_PER_BLOCK = 0.70
 # FP8 (torchao, float8 linear inputs) blocks save this fraction of a bf16 block's activations:
 # 8b on 2xH200, the peak stayed at AC-full's with 8 blocks left out in bf16 and 11 in FP8, and
-# rose with 9 / 12 (docs/results/h200x2-perf/10-skip8b, 11-final3).
+# rose with 9 / 12 (measured 2026-11-26).
 FP8_ACTIVATION_FRACTION = 0.73
 # The chunked loss's fp32 logits per chunk stay under this.
 LOSS_CHUNK_BYTES = GiB
 MAX_LOSS_CHUNK = 8192
 # 1b FSDP2 without AC: the activation budget 0.999 on the first 6 of 16 blocks kept the peak
-# under torchtitan's for 0.3% of the step (docs/results/h100x2-perf/21-bsk6, 23-bsk6b).
+# under torchtitan's for 0.3% of the step (2xH100, seven runs in three calls, 2026-11-26).
 BUDGET = 0.999
 BUDGET_BLOCK_FRACTION = 6 / 16
 # Async checkpoints stage the state in pinned host memory: only where the node's ranks' states

@@ -172,3 +172,52 @@ def test_doctor_shows_the_plan():
     shown = json.loads(res.stdout)["memory"]["plan"]
     assert shown["config"] == "1b" and shown["budget_gib"] == 138.0  # the profile's 141 GiB less the headroom
     assert shown["values"]["parallel.compile"] is True and shown["values"]["parallel.reshard_after_forward"] == "never"
+
+
+def test_defaults_table_runs_the_presets_as_a_user_does(tmp_path):
+    """``scripts/gpu/tables.py defaults``: our side is ``train run --config P`` with nothing but the data
+    source (and a row per step, no final checkpoint) - each command line parses with the real CLI and
+    its config validates; torchtitan gets the preset's batch, sequence length and AC; the table
+    renders from raw files of that shape."""
+    import importlib.util
+    import json
+    import sys
+    from argparse import Namespace
+
+    from testlib import ROOT
+    from train.cli import main as cli
+
+    spec = importlib.util.spec_from_file_location("gpu_tables_defaults", ROOT / "scripts" / "gpu" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_tables_defaults"] = tables
+    try:
+        spec.loader.exec_module(tables)
+        runs = [r for step in tables.plan_defaults(Namespace(points=",".join(tables.DEFAULT_POINTS)))
+                for lane in step for r in lane]
+    finally:
+        sys.modules.pop("gpu_tables_defaults", None)
+    ours = [r for r in runs if r.side == "run"]
+    assert len(ours) == 4 and all(r.nproc == 2 for r in runs)
+    for run in ours:
+        ctx = cli.commands["run"].make_context("run", ["--out", str(tmp_path / run.name), *run.args])
+        p = ctx.params
+        job = load_config(p["config_path"], [*p["overrides"], f"train.steps={p['steps']}"])
+        assert not set(PLAN_KEYS) & job.explicit_keys and job.data.source == "synthetic"
+        assert {k.split("=")[0] for k in p["overrides"]} <= {"data.source", "train.log_every", "checkpoint.final",
+                                                            "fp8.backend"}
+    for run in (r for r in runs if r.side == "titan"):
+        args = dict(zip(run.args[::2], run.args[1::2]))
+        job = load_config(args["--preset"], [])
+        assert (args["--batch"], args["--seq"], args["--ac"]) == (
+            str(job.train.batch_size), str(job.train.seq_len), job.parallel.ac)
+    d = tmp_path / "raw"
+    (d / "run_8b").mkdir(parents=True)
+    rows = [{"step": s, "tokens_per_s_per_gpu": 100.0 * s, "peak_mem_gib": 60.0, "reserved_gib": 70.0,
+             "alloc_retries": 0} for s in range(1, 14)]
+    (d / "run_8b" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "run_8b.log").write_text("[rank 0] plan: 2 x 79.2 GiB, 8b fsdp 4x2048 bf16: compile on\n")
+    (d / "titan_8b.json").write_text(json.dumps({"tokens_per_s_per_gpu": 800.0, "peak_mem_gib": 62.8,
+                                                 "peak_reserved_gib": 73.4}))
+    table = tables.render_defaults([d])
+    assert "| 8b | 800 | 850 | 1.062 | 62.80 / 60.00 | 73.40 / 70.00 | 0 |" in table  # median of steps 4..13
+    assert "- 8b: 2 x 79.2 GiB, 8b fsdp 4x2048 bf16: compile on" in table
