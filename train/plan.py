@@ -23,7 +23,8 @@ The rules (each one measured: docs/plan.md):
   (``reshard_after_forward=never``), the reduce-scatter on the copy engines too
   (``fsdp_symm_mem=all``, where ``auto`` would take the copy-engine all-gather), and the
   activation budget 0.999 on the first 3/8 of the blocks.
-* ``fp8.fsdp_float8_all_gather``: off with FSDP2 (bf16 all-gather, cast inside the blocks).
+* ``fp8.fsdp_float8_all_gather``: off with FSDP2 within one node (bf16 all-gather, cast inside
+  the blocks); across nodes float8's half of the bytes stays.
 * ``checkpoint.async_save``: on where the node's host memory holds every local rank's staged
   state twice over.
 """
@@ -242,7 +243,8 @@ def plan(inputs: PlanInputs) -> PlanResult:
         res.reasons.append(why)
     elif inputs.ac == "none" and inputs.strategy == "fsdp" and inputs.world > 1 and inputs.tp == 1:
         _fsdp_no_ac(inputs, res)
-    if inputs.fp8 in ("tensorwise",) and inputs.strategy == "fsdp" and inputs.world > 1:
+    one_node = inputs.local_world >= inputs.world  # NVLink: the bf16 all-gather's extra bytes are cheap
+    if inputs.fp8 == "tensorwise" and inputs.strategy == "fsdp" and 1 < inputs.world and one_node:
         if _set(res, inputs, "fp8.fsdp_float8_all_gather", False):
             res.reasons.append("FP8 weights all-gathered in bf16")
     _checkpoint(inputs, res)

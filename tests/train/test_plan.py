@@ -114,6 +114,12 @@ def test_cpu_and_old_gpus():
     assert "train.loss" not in tp.values  # the chunked loss does not take a vocabulary-sharded head
 
 
+def test_float8_all_gather_only_off_within_one_node():
+    assert plan(inputs("8b", 2, H100, "tensorwise")).values["fp8.fsdp_float8_all_gather"] is False
+    two_nodes = plan(inputs("8b", 16, H100, "tensorwise", local_world=8))
+    assert "fp8.fsdp_float8_all_gather" not in two_nodes.values
+
+
 def test_loss_chunk_and_sync_checkpoints():
     assert [loss_chunk(v) for v in (32_768, 128_256, 256)] == [8192, 2048, 8192]
     small_host = plan(inputs("8b", 2, H200, host_bytes=128 * GiB))
