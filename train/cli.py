@@ -157,8 +157,8 @@ def run_cmd(ctx, config_path, steps, out_dir, resume, overwrite, allow_config_ch
             event = rundir.prepare(out_dir, job, should_resume(job, resume), overwrite, allow_config_change,
                                    log.info)
 
-            def on_start() -> None:
-                rundir.write_config(out_dir, job, event)
+            def on_start(planned) -> None:
+                rundir.write_config(out_dir, planned, event)
         summary = run(job, out_dir, resume=resume, on_start=on_start)
     except (ConfigError, DataError) as exc:
         fail(str(exc), 2)

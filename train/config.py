@@ -114,7 +114,9 @@ class TrainConfig:
     max_nan_skips: int = 5
     timeout_s: int = 600  # process-group timeout: a hung collective ends the job after this
     shutdown_grace_s: int = 120  # SIGTERM: finish the step, checkpoint, exit within this
-    loss: str = "auto"  # auto (compiled on CUDA, eager elsewhere) | eager | compiled | chunked (train/loss.py)
+    # auto (compiled on CUDA, eager elsewhere) | eager | compiled | chunked (train/loss.py); left unset on
+    # CUDA with compile on, the plan takes chunked and the chunk size (train/plan.py)
+    loss: str = "auto"
     loss_chunk_tokens: int = 4096  # loss=chunked: tokens per chunk of the fused output projection + loss
 
     def validate(self) -> None:
@@ -149,7 +151,8 @@ class CheckpointConfig:
     resume: str = "auto"  # auto (resume when a checkpoint exists under torchrun restarts) | never | always
     # DCP async_save: stage to host memory (pinned on CUDA), write in a background thread;
     # `latest` moves only once every rank's write finished and verified. Final and
-    # preemption checkpoints still wait for their write.
+    # preemption checkpoints still wait for their write. Left unset on CUDA: on where the host
+    # memory holds the staged state (train/plan.py).
     async_save: bool = False
 
     def validate(self) -> None:
@@ -206,9 +209,6 @@ class JobConfig:
                 f"comm.hook={self.comm.hook}: communication hooks are DDP hooks; parallel.strategy="
                 f"{self.parallel.strategy} does not use them (set comm.hook=none or parallel.strategy=ddp)"
             )
-        if self.parallel.fsdp_symm_mem in ("all_gather", "all") and self.comm.small_reduce == "symm_mem":
-            raise ConfigError(f"parallel.fsdp_symm_mem={self.parallel.fsdp_symm_mem}: not with comm.small_reduce=symm_mem "
-                              "(one symmetric-memory backend per process: NCCL's for FSDP2, torch's for the small reduce)")
         if self.train.loss == "chunked" and self.parallel.tp != 1:
             raise ConfigError("train.loss=chunked: not with tensor parallelism (parallel.tp != 1): use eager or compiled")
         if self.train.loss == "compiled" and self.parallel.tp != 1 and self.parallel.loss_parallel:
@@ -398,7 +398,28 @@ def build_config(data: dict[str, Any]) -> JobConfig:
     return cfg
 
 
+def set_key(job: JobConfig, dotted: str, value: Any) -> None:
+    """Set one ``section.key`` of ``job`` after the type check of loading (no validation of the whole)."""
+    section, _, name = dotted.partition(".")
+    obj = getattr(job, section, None)
+    if not dataclasses.is_dataclass(obj) or name not in {f.name for f in dataclasses.fields(obj)}:
+        raise ConfigError(f"{dotted}: unknown key")
+    setattr(obj, name, _coerce(value, typing.get_type_hints(type(obj))[name], dotted))
+
+
+def set_keys(data: dict[str, Any], prefix: str = "") -> frozenset[str]:
+    """The dotted keys a config mapping sets (``train.plan`` never changes these)."""
+    keys: set[str] = set()
+    for k, v in data.items():
+        keys |= set(set_keys(v, f"{prefix}{k}.")) if isinstance(v, dict) else {f"{prefix}{k}"}
+    return frozenset(keys)
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> JobConfig:
+    """The job from a YAML file or preset and ``--set`` overrides. ``job.explicit_keys`` holds the
+    keys they set: the automatic plan (``train.plan``) decides only the others."""
     data: dict[str, Any] = load_yaml(resolve_config_path(path)) if path is not None else {}
     data = _merge(data, parse_overrides(overrides))
-    return build_config(data)
+    job = build_config(data)
+    job.explicit_keys = set_keys(data)
+    return job

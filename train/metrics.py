@@ -57,6 +57,15 @@ def peak_memory_gib(device: torch.device) -> float:
     return 0.0
 
 
+def allocator_stats(device: torch.device) -> dict:
+    """This rank's caching allocator so far: its peak reserved memory and how often a cudaMalloc
+    failed and the allocator freed its cache to retry (each one a device sync); {} off CUDA."""
+    if device.type != "cuda":
+        return {}
+    return {"reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            "alloc_retries": int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))}
+
+
 class ProgressBar:
     """A rich progress bar on rank 0 when stdout is a terminal; silent otherwise."""
 

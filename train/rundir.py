@@ -301,6 +301,15 @@ def write_config(out_dir: Path, job: JobConfig, event: str) -> None:
     atomic_write(path, text, what="--out config.yaml")
 
 
+def planned_keys(job: JobConfig) -> frozenset[str]:
+    """The plan's keys this job leaves open: a resumed run takes the recorded values for them
+    (``train.plan_apply``), so a difference there is no change of what is trained."""
+    from train.plan import PLAN_KEYS
+
+    explicit = getattr(job, "explicit_keys", None)
+    return frozenset() if explicit is None else frozenset(PLAN_KEYS) - explicit
+
+
 def check_layout(out_dir: Path) -> None:
     """The run's own entries, where they exist, have their kind and are its own:
     config.yaml and metrics.jsonl regular files; checkpoints/, flight_recorder/, tb/,
@@ -359,7 +368,8 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
             raise ConfigError(f"--resume: cannot compare with the recorded {path} ({exc}); pass "
                               "--allow-config-change to resume anyway") from None
         old = {}
-    changes = config_changes(old, yaml.safe_load(yaml.safe_dump(job.to_dict(), sort_keys=False)))
+    new = yaml.safe_load(yaml.safe_dump(job.to_dict(), sort_keys=False))
+    changes = [c for c in config_changes(old, new) if c.split(":", 1)[0] not in planned_keys(job)]
     if changes and not allow_config_change:
         more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
         raise ConfigError(

@@ -24,19 +24,19 @@ from train.checkpoint import (
     Progress,
     Schedule,
 )
-from train.comm.small_reduce import small_all_reduce
 from train.data import ShardInfo, build_loader, to_device
 from train.models.shapes import param_count
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.loss import head_args, loss_from
-from train.metrics import MetricsLogger, ProgressBar, StepTimer, mfu, peak_memory_gib
+from train.metrics import MetricsLogger, ProgressBar, StepTimer, allocator_stats, mfu, peak_memory_gib
 from train.models.llama import Transformer, count_params, flops_per_token
 from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step, device_gated
 from train.parallel import ParallelDims, Parallelized, parallelize
 from train.parallel.attention import attention_context
 from train.parallel.symm_comm import nccl_env
+from train.plan_apply import apply_plan
 from train.precision import amp
 from train.precision.fp8 import apply_float8
 from train.preemption import Preemption
@@ -95,12 +95,13 @@ def should_resume(job, resume_flag: bool) -> bool:
 
 class Trainer:
     def __init__(self, job, info: tdist.DistInfo, out_dir: Path, resume: bool = False):
-        self.job = job
         self.info = info
         self.out_dir = out_dir
         self.device = info.device
-        self.precision = amp.resolve_precision(job.train.precision, self.device)
         self.dims = ParallelDims.from_job(job, info.world_size)  # resolved once, passed down
+        # the automatic plan (train/plan.py): the tuning keys the job leaves open, once, logged in one line
+        self.job = job = apply_plan(job, info, self.dims, out_dir, should_resume(job, resume), self._log)
+        self.precision = amp.resolve_precision(job.train.precision, self.device)
         self.par: Parallelized = self._build_model()
         # Anything random that should differ across ranks (dropout, sampling) draws from here.
         torch.manual_seed(job.train.seed + 1000 * info.rank)
@@ -228,7 +229,7 @@ class Trainer:
         ])
         if self.info.backend is not None:
             with tdist.collective(_AGREEMENT):
-                vec = small_all_reduce(vec, self.job.comm.small_reduce)  # comm.small_reduce: nccl | symm_mem
+                torch.distributed.all_reduce(vec)
         return vec
 
     def _agree_read(self, vec: torch.Tensor) -> tuple[float, bool, bool]:
@@ -321,7 +322,7 @@ class Trainer:
                 timer.start()
                 loss, grad_norm, stop = self.train_step()
                 dt = timer.stop()
-                step_stats: dict = {}
+                step_stats: dict = allocator_stats(self.device)  # reserved_gib, alloc_retries (CUDA)
                 for collect in self.par.step_metrics:  # e.g. comm_bytes, exposed_comm_ms (comm.measure)
                     step_stats.update(collect())
                 summary.add_step(loss, tokens_per_step, dt)
@@ -415,8 +416,8 @@ PROGRESS_LOGGERS = (__name__, "train.checkpoint.checkpointer")
 def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
     """Initialise the process group, train, tear down. Used by ``train run``.
 
-    ``on_start()`` runs once the model is built and any checkpoint loaded, before the
-    first step (``train run`` records the start/resume in config.yaml there)."""
+    ``on_start(job)`` runs once the model is built and any checkpoint loaded, before the
+    first step, with the job as planned (``train run`` records it and the start/resume in config.yaml)."""
     console.setup(stdout=PROGRESS_LOGGERS)  # progress lines on stdout, once per process
     info = tdist.init_distributed(job.train.device, job.train.timeout_s, out_dir / "flight_recorder",
                                   nccl_env=nccl_env(job))
@@ -425,7 +426,7 @@ def run(job, out_dir: Path, resume: bool = False, on_start=None) -> Summary:
         try:
             trainer = Trainer(job, info, out_dir, resume=resume)
             if on_start is not None:
-                on_start()
+                on_start(trainer.job)  # the job as planned: what config.yaml records
             trainer._log(trainer.describe())
             return trainer.fit()
         except Exception as exc:

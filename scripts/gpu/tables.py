@@ -12,6 +12,11 @@ Tables (machine; the doc that shows the table):
               ../shared/tools/titan_bench.md says; carry `.titan` and `.whl` to the device).
               --skip-bf16/--skip-fp8: parallel.ac_skip_last at 8b (4 / 3 on 80 GB cards, 8 / 11
               on 141 GB cards).
+  defaults    2 GPUs: the presets as a user runs them, `torchrun --nproc-per-node 2 -m train run --config P
+              --set data.source=synthetic` (the automatic plan deciding the rest; FP8: fp8.backend=torchao)
+              against torchtitan with compile on and the preset's batch, sequence length and AC, both
+              sides in the same call (docs/plan.md). --points: a comma list of 8b, 1b, 8b_fp8, 1b_fp8
+              (default 8b,1b: about 8 minutes on 2xH100; the FP8 pair in a second call).
   fp8         2 GPUs: 8b bf16 against FP8 tensorwise, 200 steps on the embedded text, one seed per
               call (--seed), then the FP8 bound of scripts/gpu/fp8_floor.py (docs/performance.md).
   levers      1-2 GPUs: each performance lever against the defaults at one point (--point
@@ -49,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SHELL_TABLES = {"parallel": "parallel.sh", "comm": "comm.sh", "slowlink": "slowlink.sh", "doctor": "doctor.sh",
                 "checkpoint": "async_ckpt.sh", "fault": "fault.sh", "demo": "smoke.sh"}
-TABLES = ("vs-titan", "fp8", "levers", *SHELL_TABLES)
+TABLES = ("vs-titan", "defaults", "fp8", "levers", *SHELL_TABLES)
 
 P1B = ["--preset", "1b", "--batch", "8", "--seq", "2048", "--compile", "on", "--ac", "none", "--steps", "15",
        "--warmup", "4"]
@@ -74,6 +79,14 @@ POINTS = {  # name: label in the table
     "8b_bf16": "8b bf16, FSDP2, 4×2048, torchtitan AC full",
     "8b_fp8": "8b FP8 tensorwise, FSDP2",
 }
+# defaults: point -> (preset, FP8 recipe or "none", timed steps, warm-up steps). Both sides run the
+# preset's batch (4), sequence length (2048) and activation checkpointing (8b full, 1b none).
+DEFAULT_POINTS = {"8b": ("8b", "none", 10, 3), "1b": ("1b", "none", 15, 4),
+                  "8b_fp8": ("8b", "tensorwise", 10, 3), "1b_fp8": ("1b", "tensorwise", 15, 4)}
+PRESET_SHAPE = {"8b": ("4", "2048", "full"), "1b": ("4", "2048", "none")}  # batch, seq, AC of train/configs/
+# Ours: nothing but the data source, besides a metrics row per step (for the median step) and no
+# end-of-run checkpoint (8b: 96 GB of disk writes, minutes, and two do not fit the disk).
+RUN_SETS = sets("data.source=synthetic", "train.log_every=1", "checkpoint.final=false")
 # levers: one `train bench step --plan` per point; each grid one lever against the first (the defaults)
 def _grids(*sets_: list[str], **keys: str) -> dict:
     return {**keys, **({"set": list(sets_[0])} if sets_ else {})}
@@ -82,7 +95,7 @@ def _grids(*sets_: list[str], **keys: str) -> dict:
 LEVERS = {
     "1b": (["--strategy", "fsdp", "--fp8", "none", *P1B], 1, [
         {}, _grids(["train.loss=eager"]), _grids(["train.loss=chunked", "train.loss_chunk_tokens=8192"]),
-        _grids(["parallel.sdpa_gqa=repeat"]), _grids(["parallel.sdpa_backend=flash"]),
+        _grids(["parallel.sdpa_backend=flash"]),
         _grids(["optim.clip_in_step=false"]), _grids(["parallel.fsdp_one_rank=shard"]),
         _grids(["parallel.recompute_param_casts=true"]), _grids(["parallel.activation_memory_budget=0.999"]),
         _grids(["parallel.compile_mode=max-autotune-no-cudagraphs"])]),
@@ -92,8 +105,7 @@ LEVERS = {
         _grids(["parallel.reshard_after_forward=never", "parallel.activation_memory_budget=0.999",
                 "parallel.activation_memory_budget_skip_last=10"]),
         _grids(["parallel.reshard_after_forward=never", "parallel.ac_skip_last=12"], ac="pointwise"),
-        _grids(["parallel.fsdp_reduce_dtype=bf16"]), _grids(["parallel.fsdp_prefetch=0"]),
-        _grids(["comm.small_reduce=symm_mem"])]),
+        _grids(["parallel.fsdp_reduce_dtype=bf16"]), _grids(["parallel.fsdp_prefetch=0"])]),
     "8b": (["--strategy", "fsdp", *P8B, *CHUNK_8B], 2, [
         _grids(fp8="none"), _grids(["parallel.ac_skip_last=4"], fp8="none"), _grids(fp8="tensorwise"),
         _grids(["fp8.fsdp_float8_all_gather=false"], fp8="tensorwise"),
@@ -153,6 +165,9 @@ def command(run: Run, out: Path) -> tuple[list[str], dict[str, str]]:
         return [*trun, str(titan / "titan_bench.py"), "--out", str(out / f"titan_{run.name}.json"), *run.args], extra
     if run.side == "script":
         return [sys.executable, *run.args], extra
+    if run.side == "run":  # `train run` as a user types it (its log: NAME.log, its run directory: NAME/)
+        extra["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/tables-inductor/{run.name}"
+        return [*trun, "-m", "train", "run", "--out", str(out / run.name), *run.args], extra
     # a fresh Inductor cache per launch: cached graphs key on the traced graph, not on the SDPA flags
     extra["TORCHINDUCTOR_CACHE_DIR"] = f"/tmp/tables-inductor/{run.name}"
     return [*trun, "-m", "train", "bench", "step", "--device", "cuda", "--timeout-s", "300", "--out", str(out),
@@ -210,6 +225,21 @@ def plan_vs_titan(a: argparse.Namespace) -> list[list[list[Run]]]:
           Run("ours", "8b_fp8", "0,1", 2, [*c8, "--fp8", "tensorwise", *sets(
               f"parallel.ac_skip_last={a.skip_fp8}", "fp8.fsdp_float8_all_gather=false")], 110)]],
     ]
+
+
+def plan_defaults(a: argparse.Namespace) -> list[list[list[Run]]]:
+    runs = []
+    for point in a.points.split(","):
+        preset, fp8, steps, warmup = DEFAULT_POINTS[point]
+        batch, seq, ac = PRESET_SHAPE[preset]
+        limit = 140 if preset == "8b" else 120
+        runs.append(Run("titan", point, "0,1", 2, ["--preset", preset, "--batch", batch, "--seq", seq, "--compile",
+                                                   "on", "--ac", ac, "--fp8", fp8, "--steps", str(steps),
+                                                   "--warmup", str(warmup)], limit))
+        fp8_set = sets("fp8.backend=torchao") if fp8 != "none" else []
+        runs.append(Run("run", f"run_{point}", "0,1", 2, ["--config", preset, "--steps", str(steps + warmup),
+                                                          *RUN_SETS, *fp8_set], limit))
+    return [[runs]]
 
 
 def plan_fp8(a: argparse.Namespace) -> list[list[list[Run]]]:
@@ -274,7 +304,7 @@ def measure(a: argparse.Namespace) -> int:
     ctx = Ctx(a.table_dir, a.budget_s, a.dry_run)
     if not a.dry_run:
         (a.table_dir / "meta.json").write_text(json.dumps(meta(env), indent=1) + "\n")
-    steps = {"vs-titan": plan_vs_titan, "fp8": plan_fp8, "levers": plan_levers}[a.table](a)
+    steps = {"vs-titan": plan_vs_titan, "defaults": plan_defaults, "fp8": plan_fp8, "levers": plan_levers}[a.table](a)
     for step in steps:
         if a.table == "fp8":
             fp8_floor_after_loss(ctx, [step])
@@ -324,6 +354,45 @@ def render_vs_titan(dirs: list[Path]) -> str:
         mem = sorted(set(mem))
         lines.append(f"| {label} | {_join(titan)} | {_join(ours)} | {_join(ratio)} | {_join(mem)} |")
     return "\n".join(lines) + "\n"
+
+
+def _run(d: Path, point: str) -> dict | None:
+    """``train run``'s rows of one point: the median tokens/s/GPU of the steps after the warm-up (as
+    torchtitan's median step), the peaks, the cudaMalloc retries (rank 0) and the plan's line."""
+    import statistics
+
+    p = d / f"run_{point}" / "metrics.jsonl"
+    rows = [json.loads(line) for line in (p.read_text().splitlines() if p.is_file() else []) if line.strip()]
+    timed = [r for r in rows if r.get("step", 0) > DEFAULT_POINTS[point][3]]
+    if not timed:
+        return None
+    log = d / f"run_{point}.log"
+    plan = [ln.split("plan: ", 1)[1] for ln in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
+            if "plan: " in ln]
+    return {"tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in timed),
+            "peak_mem_gib": max(r["peak_mem_gib"] for r in rows),
+            "reserved_gib": max(r.get("reserved_gib", 0.0) for r in rows),
+            "alloc_retries": max(r.get("alloc_retries", 0) for r in rows), "plan": plan[0] if plan else "-"}
+
+
+def render_defaults(dirs: list[Path]) -> str:
+    lines = ["| point | torchtitan tok/s/GPU | ours | ratio | peak GiB torchtitan / ours | reserved GiB torchtitan / ours "
+             "| cudaMalloc retries (ours) |", "|---|---|---|---|---|---|---|"]
+    plans = []
+    for point in DEFAULT_POINTS:
+        for d in dirs:
+            t, o = _titan(d, point), _run(d, point)
+            if not (t or o):
+                continue
+            tt = f"{t['tokens_per_s_per_gpu']:,.0f}" if t else "-"
+            ot = f"{o['tokens_per_s_per_gpu']:,.0f}" if o else "-"
+            ratio = f"{o['tokens_per_s_per_gpu'] / t['tokens_per_s_per_gpu']:.3f}" if t and o else "-"
+            peak = _mem(t["peak_mem_gib"], o["peak_mem_gib"]) if t and o else "-"
+            reserved = _mem(t.get("peak_reserved_gib") or 0.0, o["reserved_gib"]) if t and o else "-"
+            retries = o["alloc_retries"] if o else "-"
+            lines.append(f"| {point} | {tt} | {ot} | {ratio} | {peak} | {reserved} | {retries} |")
+            plans += [f"- {point}: {o['plan']}"] if o else []
+    return "\n".join(lines + [""] + plans) + "\n"
 
 
 def render_fp8(dirs: list[Path]) -> str:
@@ -378,7 +447,7 @@ def render_levers(dirs: list[Path]) -> str:
 
 
 def render(table: str, dirs: list[Path]) -> str:
-    renderers = {"vs-titan": render_vs_titan, "fp8": render_fp8, "levers": render_levers}
+    renderers = {"vs-titan": render_vs_titan, "defaults": render_defaults, "fp8": render_fp8, "levers": render_levers}
     return renderers[table](dirs)
 
 
@@ -393,7 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-fp8", type=int, default=3, help="vs-titan: 8b FP8 parallel.ac_skip_last")
     ap.add_argument("--seed", type=int, default=1234, help="fp8: train.seed of the 200-step runs")
     ap.add_argument("--point", choices=sorted(LEVERS), default="1b", help="levers: the point measured")
+    ap.add_argument("--points", default="8b,1b", help="defaults: comma list of " + ", ".join(DEFAULT_POINTS))
     a = ap.parse_args(argv)
+    bad = [p for p in a.points.split(",") if p not in DEFAULT_POINTS]
+    if bad:
+        print(f"tables.py: --points: unknown point {bad[0]!r} (valid: {', '.join(DEFAULT_POINTS)})", file=sys.stderr)
+        return 2
     if a.render and a.table in SHELL_TABLES:
         print(f"tables.py: --render: {a.table} writes its own summary.md (scripts/gpu/{SHELL_TABLES[a.table]})",
               file=sys.stderr)

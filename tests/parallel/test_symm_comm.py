@@ -30,11 +30,10 @@ FSDP = ["parallel.strategy=fsdp", "train.device=cuda"]
     ([], {}, "none"),  # DDP
     (FSDP + ["parallel.cpu_offload=true"], {}, "none"),
     (["parallel.strategy=fsdp"], {}, "none"),  # testlib's BASE: train.device=cpu
-    (FSDP + ["comm.small_reduce=symm_mem"], {}, "none"),
     (FSDP, {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4"}, "none"),  # two nodes
     (FSDP, {"NCCL_CTA_POLICY": "1"}, "none"),  # the environment chose another policy
     (FSDP, {"NCCL_CTA_POLICY": "2"}, "all_gather"),
-], ids=["fsdp", "none", "all", "ddp", "offload", "cpu", "small_reduce_symm", "two_nodes", "policy1", "policy2"])
+], ids=["fsdp", "none", "all", "ddp", "offload", "cpu", "two_nodes", "policy1", "policy2"])
 def test_auto_turns_on_only_where_measured(nccl_228, monkeypatch, overrides, env, expected):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -59,7 +58,6 @@ def test_auto_is_off_without_cuda():
 
 
 @pytest.mark.parametrize("overrides, culprit", [
-    (FSDP + ["parallel.fsdp_symm_mem=all_gather", "comm.small_reduce=symm_mem"], "comm.small_reduce=symm_mem"),
     (FSDP + ["parallel.fsdp_symm_mem=all", "parallel.cpu_offload=true"], "parallel.cpu_offload"),
     (FSDP + ["parallel.fsdp_symm_mem=some"], "must be auto, none, all_gather or all"),
 ])

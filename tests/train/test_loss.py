@@ -3,7 +3,7 @@ gradients (w.r.t. the hidden states, the output weight and, through the model, e
 parameter and the inputs' embeddings); the trainer with each mode follows the same loss
 and gradient-norm trajectory in one process, and over 2 gloo processes with FSDP2 and
 DDP (gradient accumulation included); config validation; parallel.sdpa_backend and
-parallel.sdpa_gqa."""
+grouped-query attention."""
 
 from __future__ import annotations
 
@@ -173,33 +173,33 @@ def test_sdpa_backend_math_runs_on_cpu_and_cuda_only_ones_are_refused():
 
 
 def test_native_gqa_equals_repeated_kv_heads():
-    """parallel.sdpa_gqa=native (SDPA's enable_gqa, the default) computes what
-    repeat_interleave does, forward and backward; attention_context sets it on every
-    attention module."""
+    """SDPA's enable_gqa (the model's attention wherever SDPA has a grouped-query kernel)
+    computes what repeat_interleave of the KV heads does, forward and backward;
+    attention_context sets it on every attention module, and ``parallel.sdpa_gqa`` is gone."""
     from train.models.llama import Attention, Transformer
-    from train.parallel.attention import attention_context
+    from train.parallel.attention import attention_context, native_gqa_kernel
 
     job = load_config("tiny", ["model.dim=64", "model.n_layers=2", "model.n_heads=8", "model.n_kv_heads=2",
-                               "model.vocab_size=64", "parallel.sdpa_gqa=repeat"])
-    assert load_config("tiny", []).parallel.sdpa_gqa == "native" and Attention.native_gqa
+                               "model.vocab_size=64"])
     model = Transformer(job.model)
     model.init_weights(2)
     x = torch.randint(0, 64, (2, 24))
     attns = [m for m in model.modules() if isinstance(m, Attention)]
+    for m in attns:
+        m.native_gqa = False
+    ref = model(x)
+    ref_grads = torch.autograd.grad(ref.square().mean(), list(model.parameters()))
     with attention_context(job.parallel, torch.device("cpu"), model):
-        assert len(attns) == 2 and not any(m.native_gqa for m in attns)
-        ref = model(x)
-        ref_grads = torch.autograd.grad(ref.square().mean(), list(model.parameters()))
-    job.parallel.sdpa_gqa = "native"
-    with attention_context(job.parallel, torch.device("cpu"), model):
-        assert all(m.native_gqa for m in attns)
+        assert len(attns) == 2 and all(m.native_gqa == native_gqa_kernel("cpu") for m in attns)
+        for m in attns:
+            m.native_gqa = True  # SDPA's enable_gqa (a CPU without a GQA kernel still computes it)
         out = model(x)
         grads = torch.autograd.grad(out.square().mean(), list(model.parameters()))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-7)
-    with pytest.raises(ConfigError, match="parallel.sdpa_gqa: must be repeat or native"):
-        load_config(None, ["parallel.sdpa_gqa=both"])
+    with pytest.raises(ConfigError, match="parallel.sdpa_gqa: unknown key"):
+        load_config(None, ["parallel.sdpa_gqa=native"])
 
 
 # ----------------------------------------------------------------------------- trainer

@@ -35,6 +35,27 @@ def parse_impls(text: str) -> list[str]:
     return list(dict.fromkeys(choice_list(text, "--impl", IMPL_CHOICES, "valid")))
 
 
+def rendezvous_buffer(numel: int, dtype: torch.dtype, device: torch.device, group=None) -> tuple[torch.Tensor, str]:
+    """A symmetric buffer of ``numel`` elements on every rank of ``group`` (a collective):
+    (buffer, group name for the ``torch.ops.symm_mem`` kernels). Multicast stays off."""
+    import os
+    import warnings
+
+    import torch.distributed._symmetric_memory as symm_mem
+
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    group = group or dist.group.WORLD
+    name = group.group_name
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:  # needed up to torch 2.8 or so, deprecated (a no-op) since
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            enable(name)
+    buf = symm_mem.empty(numel, dtype=dtype, device=device)
+    symm_mem.rendezvous(buf, group)
+    return buf, name
+
+
 def columns(impls: list[str]) -> list[str]:
     return [c for impl in impls for c in COLUMN_IMPLS[impl]]
 
@@ -50,8 +71,6 @@ def _callables(kind: str, count: int, dtype, device):
             dist.all_reduce(y)
             return y
         return (lambda: dist.all_reduce(x)), check
-    from train.comm.small_reduce import rendezvous_buffer
-
     buf, name = rendezvous_buffer(count, dtype, device)
     ops = torch.ops.symm_mem
 

@@ -32,18 +32,12 @@ class CommConfig:
     localsgd_period: int = 4  # optimizer steps between parameter averages
     localsgd_warmup: int = 10  # plain DDP (gradient all-reduce) for this many steps first
     measure: bool = False  # per-step comm_bytes and exposed_comm_ms in metrics.jsonl
-    # the per-step agreement all-reduce (loss/NaN/preemption/checkpoint, 4 floats):
-    # nccl (dist.all_reduce; gloo on CPU) | symm_mem (one-shot symmetric-memory kernel,
-    # train/comm/small_reduce.py; NCCL when symmetric memory is unavailable)
-    small_reduce: str = "nccl"
 
     def validate(self) -> None:
         from train.errors import ConfigError
 
         if self.hook not in HOOKS:
             raise ConfigError(f"comm.hook: must be one of {', '.join(HOOKS)}, got {self.hook!r}")
-        if self.small_reduce not in ("nccl", "symm_mem"):
-            raise ConfigError(f"comm.small_reduce: must be nccl or symm_mem, got {self.small_reduce!r}")
         if self.powersgd_impl not in ("train", "torch"):
             raise ConfigError(f"comm.powersgd_impl: must be train or torch, got {self.powersgd_impl!r}")
         if self.powersgd_rank < 1:

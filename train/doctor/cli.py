@@ -11,8 +11,8 @@ import click
 from core.safety import excerpt, load_yaml_file
 from train.console import fail
 from train.doctor.memory import GiB
-from train.doctor.memreport import measure_all, memory_section
-from train.doctor.profiles import load_profile
+from train.doctor.memreport import measure_all, memory_section, plan_section
+from train.doctor.profiles import capability, load_profile
 from train.doctor.render import render_json, render_text
 from train.doctor.system import collect_system
 from train.models.presets import MODEL_PRESETS
@@ -69,7 +69,8 @@ def _memory_target(report: dict, prof: dict | None, gpus: int | None) -> tuple[i
                                               "the measured peak memory with the estimate.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def doctor(preset, seq, batch, gpus, profile, check_nccl, measure, as_json) -> None:
-    """Check GPUs, drivers, NCCL, FP8 support and libraries; estimate memory per GPU."""
+    """Check GPUs, drivers, NCCL, FP8 support and libraries; estimate memory per GPU; show the
+    automatic plan ``train run --config PRESET`` would take on these GPUs (or the profile's)."""
     seq, batch = _check_options(preset, seq, batch, gpus)
     prof = None
     if profile is not None:  # --profile '' is a mistake, not "no profile"
@@ -83,6 +84,9 @@ def doctor(preset, seq, batch, gpus, profile, check_nccl, measure, as_json) -> N
     if prof:
         report["profile"] = prof
     report["memory"] = memory_section(preset, seq, batch, count, mem_bytes, source, report["versions"]["torch"])
+    caps = [tuple(int(x) for x in g["capability"].split(".")) for g in report["gpus"] if "capability" in g]
+    cap = capability(prof["arch"]) if prof else (min(caps) if caps else None)
+    report["memory"]["plan"] = plan_section(preset, seq, batch, count, mem_bytes, cap, report["versions"]["torch"])
     if measure:
         report["memory"]["measured"] = measure_all(report, preset, seq, batch)
     report["exit_code"] = 1 if report["problems"] else 0

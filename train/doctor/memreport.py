@@ -16,6 +16,7 @@ from train.doctor.memory import (
 from train.doctor.planning import recommend
 from train.models.presets import MODEL_PRESETS
 from train.models.shapes import param_count
+from train.plan import PLAN_KEYS, PlanInputs, plan
 
 
 def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | None, source: str,
@@ -40,6 +41,36 @@ def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int 
     }
 
 
+def plan_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | None,
+                 capability: tuple[int, int] | None, torch_version: str) -> dict:
+    """What the automatic plan (``train.plan``) would choose for ``train run --config PRESET``
+    (the preset's config where one exists) on ``gpus`` GPUs of ``gpu_bytes`` each, in one node."""
+    import os
+
+    from train.config import CONFIG_DIR, load_config
+    from train.parallel.dims import ParallelDims
+
+    named = (CONFIG_DIR / f"{preset}.yaml").is_file()
+    job = load_config(preset if named else None, [*([] if named else [f"model.name={preset}"]),
+                                                  f"train.seq_len={seq}", f"train.batch_size={batch}"])
+    dims = ParallelDims.from_job(job, gpus)
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        host = 0
+    inputs = PlanInputs(
+        device="cuda" if gpu_bytes else "cpu", model=job.model, batch=batch, seq=seq, world=gpus,
+        strategy=job.parallel.strategy, dp_shard=dims.dp_shard, tp=dims.tp, ac=job.parallel.ac,
+        compile=job.parallel.compile, fp8=job.fp8.resolved_recipe if job.fp8.backend != "none" else "none",
+        total_bytes=gpu_bytes or 0, capability=capability or (9, 0), host_bytes=host, local_world=gpus,
+        symm_auto="all_gather" if job.parallel.strategy == "fsdp" and gpus > 1 else "none",
+        norm_fp32=rms_norm_fp32_in_autocast(torch_version), explicit=job.explicit_keys,
+    )
+    result = plan(inputs)
+    return {"config": preset if named else f"model.name={preset}", "line": result.line(inputs),
+            "values": result.values, "budget_gib": round(result.budget_bytes / GiB, 2)}
+
+
 def measure_step_peak(preset: str, seq: int, batch: int, ac: str = "none", steps: int = 3,
                       device_index: int = 0) -> dict:
     """Run ``steps`` real training steps of the preset on one GPU through ``train.trainer``
@@ -60,6 +91,7 @@ def measure_step_peak(preset: str, seq: int, batch: int, ac: str = "none", steps
         f"model.name={preset}", f"train.seq_len={seq}", f"train.batch_size={batch}", f"train.steps={steps}",
         "data.source=synthetic", "train.precision=bf16", f"parallel.ac={ac}", "metrics.progress=false",
     ])
+    job.explicit_keys |= frozenset(PLAN_KEYS)  # the step the estimate models, not the automatic plan's
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated(device)

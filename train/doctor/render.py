@@ -121,6 +121,11 @@ def _memory(mem: dict | None) -> list[str]:
                    f"(max {rec['max_batch_per_gpu']} within {budget}); {rec['reason']}")
     else:
         out.append(f"  recommended: none ({rec['reason']})")
+    if mem.get("plan"):
+        p = mem["plan"]
+        out.append(f"  automatic plan for --config {p['config']}: {p['line'].removeprefix('plan: ')}")
+        if p["values"]:
+            out.append("    " + " ".join(f"{k}={v}" for k, v in p["values"].items()))
     out += _measured(mem.get("measured", []))
     return out
 

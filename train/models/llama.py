@@ -57,7 +57,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     # Grouped-query attention: False copies each KV head for its query heads
     # (repeat_interleave) before SDPA; True lets SDPA share them (enable_gqa=True, no
-    # copies saved for backward). Same math; set from outside (parallel.sdpa_gqa).
+    # copies saved for backward). Same math; set from outside (train/parallel/attention.py).
     native_gqa = True
 
     def __init__(self, cfg: ModelConfig):

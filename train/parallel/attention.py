@@ -1,5 +1,5 @@
 """How attention runs: which ``scaled_dot_product_attention`` kernel (``parallel.sdpa_backend``)
-and how grouped-query attention shares KV heads (``parallel.sdpa_gqa``).
+and how grouped-query attention shares KV heads.
 
 The model calls ``F.scaled_dot_product_attention`` and knows nothing of kernels; the
 trainer enters :func:`sdpa_backend` around the forward *and* the backward of each
@@ -12,9 +12,10 @@ chosen when the graph is traced, i.e. at the first call, which happens inside th
 context; dynamo does not guard on these flags, so a compiled block keeps the kernel it
 was traced with (``train bench step`` resets dynamo between points).
 
-``sdpa_gqa=native`` (the default) sets ``Attention.native_gqa`` on the model's attention
-modules (SDPA's ``enable_gqa=True``: the KV heads are not copied per query head, so neither
-the copies nor their backward reduction exist); ``repeat`` keeps ``repeat_interleave``.
+Grouped-query attention runs on SDPA's ``enable_gqa=True`` (``Attention.native_gqa``): the
+KV heads are not copied per query head, so neither the copies nor their backward reduction
+exist. Only where SDPA has no grouped-query kernel (the CPU before torch 2.10) are they
+repeated (``repeat_interleave``).
 """
 
 from __future__ import annotations
@@ -49,14 +50,15 @@ def sdpa_backend(name: str, device: torch.device) -> contextlib.AbstractContextM
 def native_gqa_kernel(device_type: str, torch_version: str = torch.__version__) -> bool:
     """Whether SDPA has a grouped-query kernel here (CUDA kernels do; CPU from torch 2.10,
     see :func:`train.compat.cpu_sdpa_has_gqa_kernel`). Where it has none,
-    ``sdpa_gqa=native`` repeats K/V instead."""
+    K/V are repeated instead."""
     return device_type != "cpu" or cpu_sdpa_has_gqa_kernel(torch_version)
 
 
 def attention_context(pcfg, device: torch.device, model) -> contextlib.AbstractContextManager:
-    """Apply ``parallel.sdpa_gqa`` to ``model`` (once; idempotent) and return the
-    ``parallel.sdpa_backend`` context for a micro-step's forward and backward."""
-    native = pcfg.sdpa_gqa == "native" and native_gqa_kernel(device.type)
+    """Set grouped-query attention on ``model`` (SDPA's kernel where there is one; once,
+    idempotent) and return the ``parallel.sdpa_backend`` context for a micro-step's forward
+    and backward."""
+    native = native_gqa_kernel(device.type)
     if getattr(model, "_native_gqa", None) is not native:
         from train.models.llama import Attention
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COMPILE_MODES = ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # Inductor's modes with CUDA graphs: refused (validate)
 SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
 AC_MODES = ("none", "full", "selective", "op", "pointwise")
 
@@ -26,12 +27,14 @@ class ParallelConfig:
     # FSDP2 knobs
     fsdp_param_dtype: str = "auto"  # auto (= train.precision) | bf16 | fp32: dtype of the unsharded params in fwd/bwd
     fsdp_reduce_dtype: str = "fp32"  # fp32 | bf16: dtype of the gradient reduce-scatter / all-reduce
-    reshard_after_forward: str = "auto"  # auto (every block but the last) | always | never (ZeRO-2 like)
+    # auto (every block but the last) | always | never (ZeRO-2 like); unset: the plan's never for FSDP2 without AC
+    reshard_after_forward: str = "auto"
     cpu_offload: bool = False  # keep sharded params, grads and optimizer state in host memory
     fsdp_prefetch: int = 1  # blocks to all-gather ahead explicitly (forward and backward); 0 = FSDP's implicit
     # FSDP2's collective buffers from symmetric memory (NCCL on CUDA; train/parallel/symm_comm.py):
     # auto (all_gather within one node with NCCL >= 2.28, else none) | none | all_gather | all (also the
-    # reduce-scatter, as an all-to-all + local sum); the trainer sets NCCL_CTA_POLICY=2: copy engines
+    # reduce-scatter, as an all-to-all + local sum); the trainer sets NCCL_CTA_POLICY=2: copy engines;
+    # unset: the plan's all for FSDP2 without AC where auto is all_gather
     fsdp_symm_mem: str = "auto"
     # one rank (world size 1): cast = FSDP's mixed precision by casting the parameters in the forward,
     # without fully_shard's one-rank copies (train/parallel/cast.py) | shard = fully_shard as on many ranks
@@ -44,13 +47,13 @@ class ParallelConfig:
     ac_every: int = 2  # selective: checkpoint every k-th block
     # the last k blocks are not checkpointed (any ac mode): backward reaches them first, while
     # few gradients are held yet, so their activations raise the peak less than other blocks' would
-    ac_skip_last: int = 0
-    compile: bool = False
-    compile_mode: str = "default"  # default | max-autotune | reduce-overhead | max-autotune-no-cudagraphs
+    ac_skip_last: int = 0  # unset on CUDA with AC on: the plan's (train/plan.py)
+    compile: bool = False  # unset on CUDA: the plan turns it on (train/plan.py)
+    compile_mode: str = "default"  # default | max-autotune-no-cudagraphs (the CUDA-graph modes are refused)
     compile_backend: str = "inductor"  # inductor | aot_eager (debugging: traces, no code generation)
     # < 1: the compiled blocks' partitioner recomputes in backward what it would have saved,
     # cheapest first, until the saved activations fit this fraction (torch._functorch.config)
-    activation_memory_budget: float = 1.0
+    activation_memory_budget: float = 1.0  # unset: the plan's 0.999 on the first 3/8 blocks for FSDP2 without AC
     activation_memory_budget_skip_last: int = 0  # the last k compiled blocks without the budget (inductor)
     # compiled blocks recompute in backward the bf16 casts of the fp32 parameters that autocast makes
     # inside them (DDP, fsdp_one_rank=cast) instead of saving them: 2 bytes per parameter less memory,
@@ -60,8 +63,6 @@ class ParallelConfig:
     # scaled_dot_product_attention kernel, applied around forward and backward (sdpa_kernel):
     # auto (torch picks) | flash | cudnn | efficient | math
     sdpa_backend: str = "auto"
-    # grouped-query attention: native (enable_gqa=True: K/V never repeated) | repeat (copy each KV head per query head)
-    sdpa_gqa: str = "native"
 
     def validate(self) -> None:
         from train.errors import ConfigError
@@ -104,12 +105,16 @@ class ParallelConfig:
             raise ConfigError(f"parallel.ac_every: must be >= 1, got {self.ac_every}")
         if self.ac_skip_last < 0:
             raise ConfigError(f"parallel.ac_skip_last: must be >= 0, got {self.ac_skip_last}")
+        if self.compile_mode in CUDA_GRAPH_MODES:
+            raise ConfigError(
+                f"parallel.compile_mode={self.compile_mode}: CUDA graphs are refused here: the blocks are compiled "
+                "one by one and their inputs (FSDP2's gathered parameters, the cast norm weights) move between "
+                "steps, so the graphs are recorded again instead of replayed (125m on one H200: 309 against 23.6 "
+                "ms/step); use default or max-autotune-no-cudagraphs")
         if self.compile_mode not in COMPILE_MODES:
             raise ConfigError(f"parallel.compile_mode: must be one of {', '.join(COMPILE_MODES)}")
         if self.sdpa_backend not in SDPA_BACKENDS:
             raise ConfigError(f"parallel.sdpa_backend: must be one of {', '.join(SDPA_BACKENDS)}, got {self.sdpa_backend!r}")
-        if self.sdpa_gqa not in ("repeat", "native"):
-            raise ConfigError(f"parallel.sdpa_gqa: must be repeat or native, got {self.sdpa_gqa!r}")
         if self.compile_backend not in ("inductor", "aot_eager"):
             raise ConfigError(f"parallel.compile_backend: must be inductor or aot_eager, got {self.compile_backend!r}")
 

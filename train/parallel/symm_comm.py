@@ -50,13 +50,13 @@ def _one_node() -> bool:
 def resolved_mode(job, device_type: str = "cuda") -> str:
     """``parallel.fsdp_symm_mem`` for this job: ``auto`` is ``all_gather`` where it was measured to
     win (FSDP2 on CUDA within one node, NCCL with copy-engine collectives, the zero-CTA policy not
-    overridden, no CPU offload, ``comm.small_reduce`` not on symmetric memory), else ``none``."""
+    overridden, no CPU offload), else ``none``."""
     pcfg = job.parallel
     if pcfg.fsdp_symm_mem != "auto":
         return pcfg.fsdp_symm_mem
     policy = os.environ.get("NCCL_CTA_POLICY", "2")
     usable = (pcfg.strategy == "fsdp" and not pcfg.cpu_offload and device_type == "cuda"
-              and job.train.device != "cpu" and job.comm.small_reduce != "symm_mem" and policy == "2"
+              and job.train.device != "cpu" and policy == "2"
               and _one_node() and _nccl_version() >= CE_MIN_NCCL)
     return "all_gather" if usable else "none"
 

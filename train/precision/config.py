@@ -17,7 +17,8 @@ class Float8Config:
     recipe: str = "auto"  # auto (torchao: tensorwise, te: current)
     #                       torchao: tensorwise | rowwise | rowwise_with_gw_hp | mxfp8
     #                       te: delayed | current | mxfp8
-    fsdp_float8_all_gather: bool = True  # torchao tensorwise + FSDP2 only: all-gather weights in float8
+    # torchao tensorwise + FSDP2 only: all-gather weights in float8 (unset on CUDA: the plan's false, bf16)
+    fsdp_float8_all_gather: bool = True
 
     @property
     def resolved_recipe(self) -> str:

@@ -1,0 +1,229 @@
+"""The automatic plan (train/plan.py, train/plan_apply.py): its choices as a pure function of
+its inputs for fake 80 GB and 141 GB cards, 1, 2 and 8 GPUs, the 1b and 8b presets; the keys a
+job sets win; nothing on CPU; and a resumed run keeps the plan its config.yaml recorded (a real
+2-process gloo run)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testlib import SMALL_RUN, torchrun
+from train.config import load_config
+from train.doctor.memory import GiB
+from train.errors import ConfigError
+from train.plan import HEADROOM_BYTES, PLAN_KEYS, PlanInputs, loss_chunk, memory_budget, plan
+
+H100 = 85_029_158_912  # torch.cuda.mem_get_info's total of an H100 80GB HBM3 (79.19 GiB)
+H200 = 150_121_709_568  # ... of an H200 141GB (139.8 GiB)
+
+
+def inputs(preset: str, gpus: int, card: int, fp8: str = "none", **kw) -> PlanInputs:
+    """What a fresh ``train run --config PRESET`` on ``gpus`` cards of ``card`` bytes would feed the plan."""
+    job = load_config(preset, [])
+    base = dict(device="cuda", model=job.model, batch=job.train.batch_size, seq=job.train.seq_len, world=gpus,
+                strategy=job.parallel.strategy, dp_shard=gpus, ac=job.parallel.ac, compile=job.parallel.compile, fp8=fp8, total_bytes=card,
+                free_bytes=card - GiB // 2, capability=(9, 0), host_bytes=256 * GiB, local_world=gpus,
+                symm_auto="all_gather", explicit=job.explicit_keys)
+    base.update(kw)
+    return PlanInputs(**base)
+
+
+def test_presets_leave_the_plan_keys_open():
+    for preset in ("1b", "8b"):
+        job = load_config(preset, [])
+        assert not set(PLAN_KEYS) & job.explicit_keys, preset
+        assert job.parallel.strategy == "fsdp"
+    assert load_config("8b", []).parallel.ac == "full" and load_config("1b", []).parallel.ac == "none"
+
+
+@pytest.mark.parametrize("card,bf16,fp8", [(H100, 4, 3), (H200, 8, 11)])
+def test_8b_two_gpus_ac_skip_is_the_measured_one(card, bf16, fp8):
+    """The values measured best at <= torchtitan's memory without cudaMalloc retries: 4 / 3 blocks
+    on 2xH100, 8 / 11 on 2xH200 (docs/plan.md)."""
+    for recipe, want in (("none", bf16), ("tensorwise", fp8)):
+        res = plan(inputs("8b", 2, card, recipe))
+        assert res.values["parallel.ac_skip_last"] == want, (card, recipe, res.reasons)
+        assert res.values["parallel.compile"] is True
+        assert res.values["train.loss"] == "chunked" and res.values["train.loss_chunk_tokens"] == 2048
+        assert res.values.get("fp8.fsdp_float8_all_gather", True) is (recipe == "none")
+    line = plan(inputs("8b", 2, H100)).line(inputs("8b", 2, H100))
+    assert line.count("\n") == 0 and "AC off the last 4 of 32 blocks" in line and "76.2 GiB" in line
+
+
+@pytest.mark.parametrize("card", [H100, H200])
+def test_8b_one_and_eight_gpus(card):
+    one = plan(inputs("8b", 1, card))
+    assert one.values["parallel.ac_skip_last"] == 0
+    assert any("AC on every block" in r and "over the" in r for r in one.reasons)  # 8b does not fit one card
+    eight = plan(inputs("8b", 8, card))
+    assert eight.values["parallel.ac_skip_last"] >= 0 and eight.values["parallel.compile"] is True
+    # the reserved-memory bound only ever lowers the count: a smaller card never gets more blocks
+    for gpus in (2, 8):
+        assert plan(inputs("8b", gpus, H100)).values["parallel.ac_skip_last"] <= \
+            plan(inputs("8b", gpus, H200)).values["parallel.ac_skip_last"]
+
+
+@pytest.mark.parametrize("card", [H100, H200])
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_1b(card, gpus):
+    res = plan(inputs("1b", gpus, card))
+    assert res.values["parallel.compile"] is True and res.values["train.loss_chunk_tokens"] == 8192
+    assert "parallel.ac_skip_last" not in res.values  # AC is off in the preset
+    fsdp_keys = {"parallel.reshard_after_forward", "parallel.fsdp_symm_mem", "parallel.activation_memory_budget"}
+    if gpus == 1:  # FSDP's mixed precision by casting: no collectives to tune
+        assert not fsdp_keys & set(res.values)
+    else:
+        assert res.values["parallel.reshard_after_forward"] == "never"
+        assert res.values["parallel.fsdp_symm_mem"] == "all"
+        assert res.values["parallel.activation_memory_budget"] == 0.999
+        assert res.values["parallel.activation_memory_budget_skip_last"] == 10  # budget on the first 6 of 16
+    assert res.values["checkpoint.async_save"] is True
+
+
+def test_pure_function_of_its_inputs():
+    a, b = inputs("8b", 2, H100), inputs("8b", 2, H100)
+    assert plan(a) == plan(b) and plan(a).line(a) == plan(b).line(b)
+    # free memory, not the card's name: a card half used by another process gets a smaller plan
+    # this process's context and NCCL buffers (in the headroom) do not count against the card
+    assert plan(dataclasses.replace(a, free_bytes=H100 - 3 * GiB // 2)) == plan(a)
+    busy = dataclasses.replace(a, free_bytes=H100 // 2)
+    assert memory_budget(busy) < memory_budget(a) == H100 - HEADROOM_BYTES
+    assert plan(busy).values["parallel.ac_skip_last"] == 0
+
+
+def test_the_keys_a_job_sets_win():
+    job = load_config("8b", ["parallel.ac_skip_last=1", "parallel.compile=false", "checkpoint.async_save=false"])
+    assert {"parallel.ac_skip_last", "parallel.compile", "checkpoint.async_save"} <= job.explicit_keys
+    res = plan(inputs("8b", 2, H200, explicit=job.explicit_keys))
+    assert not {"parallel.ac_skip_last", "parallel.compile", "checkpoint.async_save"} & set(res.values)
+    assert "train.loss" not in res.values  # no compile: the loss stays as configured
+    chunk = plan(inputs("1b", 2, H100, explicit=frozenset({"train.loss_chunk_tokens"})))
+    assert chunk.values["train.loss"] == "chunked" and "train.loss_chunk_tokens" not in chunk.values
+
+
+def test_cpu_and_old_gpus():
+    cpu = dataclasses.replace(inputs("1b", 2, 0), device="cpu", total_bytes=0, free_bytes=0)
+    assert plan(cpu).values == {} and "nothing to decide" in plan(cpu).line(cpu)
+    old = plan(inputs("1b", 1, H100, capability=(6, 1)))
+    assert old.values["parallel.compile"] is False and "train.loss" not in old.values
+    tp = plan(inputs("8b", 2, H100, tp=2, dp_shard=1))
+    assert "train.loss" not in tp.values  # the chunked loss does not take a vocabulary-sharded head
+
+
+def test_float8_all_gather_only_off_within_one_node():
+    assert plan(inputs("8b", 2, H100, "tensorwise")).values["fp8.fsdp_float8_all_gather"] is False
+    two_nodes = plan(inputs("8b", 16, H100, "tensorwise", local_world=8))
+    assert "fp8.fsdp_float8_all_gather" not in two_nodes.values
+
+
+def test_loss_chunk_and_sync_checkpoints():
+    assert [loss_chunk(v) for v in (32_768, 128_256, 256)] == [8192, 2048, 8192]
+    small_host = plan(inputs("8b", 2, H200, host_bytes=128 * GiB))
+    assert "checkpoint.async_save" not in small_host.values
+    assert any("synchronous" in r for r in small_host.reasons)
+
+
+def test_cuda_graph_compile_modes_refused():
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(ConfigError, match=f"parallel.compile_mode={mode}: CUDA graphs are refused"):
+            load_config("tiny", [f"parallel.compile_mode={mode}"])
+    assert load_config("tiny", ["parallel.compile_mode=max-autotune-no-cudagraphs"]).parallel.compile_mode
+
+
+def test_resume_keeps_the_recorded_plan(tmp_path: Path):
+    """A 2-process gloo run, then its config.yaml edited as a GPU plan would have written it (the
+    chunked loss, 16-token chunks), then --resume: the resumed run trains with the recorded values
+    (no config-change refusal) and records them again; a value set on the command line that
+    differs from the recorded one is a change of what is trained."""
+    out = tmp_path / "run"
+    args = ["run", "--config", "tiny", "--out", str(out), *SMALL_RUN]
+    first = torchrun([*args, "--steps", "2"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    path = out / "config.yaml"
+    text = path.read_text()
+    head = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    data = yaml.safe_load(text)
+    assert data["train"]["loss"] == "auto" and data["train"]["loss_chunk_tokens"] == 4096
+    data["train"]["loss"], data["train"]["loss_chunk_tokens"] = "chunked", 16
+    path.write_text(head + yaml.safe_dump(data, sort_keys=False))
+
+    second = torchrun([*args, "--steps", "3", "--resume"])
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resumed under the recorded plan (2 of its values differ" in second.stdout + second.stderr
+    again = yaml.safe_load(path.read_text())
+    assert again["train"]["loss"] == "chunked" and again["train"]["loss_chunk_tokens"] == 16
+    assert "resume (config unchanged)" in path.read_text()
+
+    third = torchrun([*args, "--steps", "4", "--resume", "--set", "train.loss_chunk_tokens=32"])
+    assert third.returncode != 0  # torchrun reports its workers' exit 2 as its own 1
+    assert "the config differs from the run" in third.stderr and "train.loss_chunk_tokens: '16' -> '32'" in third.stderr
+
+
+def test_doctor_shows_the_plan():
+    """``train doctor --preset 8b --profile h100 --gpus 2`` (docs/plan.md) prints what a run would
+    choose there; ``--json`` has the values."""
+    import json
+
+    from testlib import train_cli
+
+    text = train_cli(["doctor", "--preset", "8b", "--profile", "h100", "--gpus", "2"])
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert "automatic plan for --config 8b: 2 x 80.0 GiB, 8b fsdp 4x2048 bf16: compile on" in text.stdout
+    assert "parallel.ac_skip_last=" in text.stdout
+    res = train_cli(["doctor", "--preset", "1b", "--profile", "h200", "--gpus", "2", "--json"])
+    shown = json.loads(res.stdout)["memory"]["plan"]
+    assert shown["config"] == "1b" and shown["budget_gib"] == 138.0  # the profile's 141 GiB less the headroom
+    assert shown["values"]["parallel.compile"] is True and shown["values"]["parallel.reshard_after_forward"] == "never"
+
+
+def test_defaults_table_runs_the_presets_as_a_user_does(tmp_path):
+    """``scripts/gpu/tables.py defaults``: our side is ``train run --config P`` with nothing but the data
+    source (and a row per step, no final checkpoint) - each command line parses with the real CLI and
+    its config validates; torchtitan gets the preset's batch, sequence length and AC; the table
+    renders from raw files of that shape."""
+    import importlib.util
+    import json
+    import sys
+    from argparse import Namespace
+
+    from testlib import ROOT
+    from train.cli import main as cli
+
+    spec = importlib.util.spec_from_file_location("gpu_tables_defaults", ROOT / "scripts" / "gpu" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_tables_defaults"] = tables
+    try:
+        spec.loader.exec_module(tables)
+        runs = [r for step in tables.plan_defaults(Namespace(points=",".join(tables.DEFAULT_POINTS)))
+                for lane in step for r in lane]
+    finally:
+        sys.modules.pop("gpu_tables_defaults", None)
+    ours = [r for r in runs if r.side == "run"]
+    assert len(ours) == 4 and all(r.nproc == 2 for r in runs)
+    for run in ours:
+        ctx = cli.commands["run"].make_context("run", ["--out", str(tmp_path / run.name), *run.args])
+        p = ctx.params
+        job = load_config(p["config_path"], [*p["overrides"], f"train.steps={p['steps']}"])
+        assert not set(PLAN_KEYS) & job.explicit_keys and job.data.source == "synthetic"
+        assert {k.split("=")[0] for k in p["overrides"]} <= {"data.source", "train.log_every", "checkpoint.final",
+                                                            "fp8.backend"}
+    for run in (r for r in runs if r.side == "titan"):
+        args = dict(zip(run.args[::2], run.args[1::2]))
+        job = load_config(args["--preset"], [])
+        assert (args["--batch"], args["--seq"], args["--ac"]) == (
+            str(job.train.batch_size), str(job.train.seq_len), job.parallel.ac)
+    d = tmp_path / "raw"
+    (d / "run_8b").mkdir(parents=True)
+    rows = [{"step": s, "tokens_per_s_per_gpu": 100.0 * s, "peak_mem_gib": 60.0, "reserved_gib": 70.0,
+             "alloc_retries": 0} for s in range(1, 14)]
+    (d / "run_8b" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "run_8b.log").write_text("[rank 0] plan: 2 x 79.2 GiB, 8b fsdp 4x2048 bf16: compile on\n")
+    (d / "titan_8b.json").write_text(json.dumps({"tokens_per_s_per_gpu": 800.0, "peak_mem_gib": 62.8,
+                                                 "peak_reserved_gib": 73.4}))
+    table = tables.render_defaults([d])
+    assert "| 8b | 800 | 850 | 1.062 | 62.80 / 60.00 | 73.40 / 70.00 | 0 |" in table  # median of steps 4..13
+    assert "- 8b: 2 x 79.2 GiB, 8b fsdp 4x2048 bf16: compile on" in table

@@ -1,0 +1,251 @@
+"""The automatic plan: the tuning keys a job leaves unset, chosen once at start-up.
+
+:func:`plan` is a pure function of :class:`PlanInputs` (what the run knows: device kind, the
+card's memory, world size and mesh, model, batch, precision, and which keys the job set
+itself) and returns the values of the keys in :data:`PLAN_KEYS` that it decides, with one
+line saying what and why. A key the job sets (in its YAML file, a preset, or ``--set``) is
+never changed; on CPU nothing is decided (today's CPU behaviour). ``train.plan_apply``
+gathers the inputs on the ranks, applies the values and pins a resumed run to the plan its
+``config.yaml`` recorded; ``train doctor`` prints the plan for a machine.
+
+The rules (each one measured: docs/plan.md):
+
+* ``parallel.compile``: on (Inductor, per block) on CUDA GPUs of capability >= 7.0.
+* ``train.loss`` / ``train.loss_chunk_tokens``: the chunked loss (output projection and loss
+  fused over chunks, no full logits) where compile is on and the vocabulary is not sharded
+  (``parallel.tp == 1``); the chunk is the largest power of two <= 8192 tokens whose fp32
+  logits fit in 1 GiB (1b, 32k vocabulary: 8192; 8b, 128k vocabulary: 2048).
+* ``parallel.ac_skip_last`` (activation checkpointing on): the last k blocks are left out of
+  AC where their saved activations fit under the step's end-of-backward peak (the memory
+  model, ``train.doctor.memory``; FP8 blocks save :data:`FP8_ACTIVATION_FRACTION` of bf16's)
+  and the allocator's reserved memory stays :data:`HEADROOM_BYTES` below the card's memory.
+* FSDP2 without AC on several GPUs: gathered parameters kept from forward to backward
+  (``reshard_after_forward=never``), the reduce-scatter on the copy engines too
+  (``fsdp_symm_mem=all``, where ``auto`` would take the copy-engine all-gather), and the
+  activation budget 0.999 on the first 3/8 of the blocks.
+* ``fp8.fsdp_float8_all_gather``: off with FSDP2 within one node (bf16 all-gather, cast inside
+  the blocks); across nodes float8's half of the bytes stays.
+* ``checkpoint.async_save``: on where the node's host memory holds every local rank's staged
+  state twice over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from train.doctor.memory import GiB, Plan as Layout, block_activation_bytes, estimate
+from train.models.presets import ModelConfig
+from train.models.shapes import param_count
+
+# The keys the plan decides when the job leaves them unset.
+PLAN_KEYS = (
+    "parallel.compile",
+    "train.loss",
+    "train.loss_chunk_tokens",
+    "parallel.ac_skip_last",
+    "parallel.reshard_after_forward",
+    "parallel.fsdp_symm_mem",
+    "parallel.activation_memory_budget",
+    "parallel.activation_memory_budget_skip_last",
+    "fp8.fsdp_float8_all_gather",
+    "checkpoint.async_save",
+)
+
+# The allocator's reserved memory must stay this far below the card's total. 2xH100 80GB
+# (79.19 GiB), 8b FSDP2 4x2048: 76.10 GiB reserved ran without a cudaMalloc retry, 76.79 GiB
+# with 12 retries and 5% fewer tokens/s (measured 2026-11-27). The rest holds the
+# CUDA context, NCCL's buffers and the allocator's slack.
+HEADROOM_BYTES = 3 * GiB
+# This process's own share of a card before the model exists (CUDA context, NCCL communicator
+# buffers: about 0.5 + 1 GiB on an H100), part of the headroom above.
+OWN_BYTES = 2 * GiB
+# Reserved memory with AC on every block over the memory model's end-of-backward estimate
+# (the step phase): 72.69 / 59.83 GiB bf16, 73.45 / 59.83 FP8 tensorwise (same run).
+RESERVED_OVER_STEP = {"bf16": 1.215, "fp8": 1.228}
+# Each block left out of AC adds to the reserved memory this fraction of what the model says it
+# saves (bf16 torch 2.11: 1.22 GiB a block at 8b 4x2048): +3.41 GiB for 4 blocks bf16, +2.46 GiB
+# for 3 blocks FP8 (same run): 0.70 and 0.67.
+RESERVED_PER_BLOCK = 0.70
+# FP8 (torchao, float8 linear inputs) blocks save this fraction of a bf16 block's activations:
+# 8b on 2xH200, the peak stayed at AC-full's with 8 blocks left out in bf16 and 11 in FP8, and
+# rose with 9 / 12 (measured 2026-11-26).
+FP8_ACTIVATION_FRACTION = 0.73
+# The chunked loss's fp32 logits per chunk stay under this.
+LOSS_CHUNK_BYTES = GiB
+MAX_LOSS_CHUNK = 8192
+# 1b FSDP2 without AC: the activation budget 0.999 on the first 6 of 16 blocks kept the peak
+# under torchtitan's for 0.3% of the step (2xH100, seven runs in three calls, 2026-11-26).
+BUDGET = 0.999
+BUDGET_BLOCK_FRACTION = 6 / 16
+# Async checkpoints stage the state in pinned host memory: only where the node's ranks' states
+# take at most this fraction of its memory.
+ASYNC_HOST_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the plan is a function of. Memory in bytes, per card (the least over the ranks)."""
+
+    device: str  # cpu | cuda
+    model: ModelConfig
+    batch: int
+    seq: int
+    world: int = 1
+    strategy: str = "ddp"  # ddp | fsdp
+    dp_shard: int = 1  # FSDP2 shard degree (resolved mesh)
+    tp: int = 1
+    ac: str = "none"
+    compile: bool = False  # the job's parallel.compile (where it sets it)
+    precision: str = "bf16"
+    fp8: str = "none"  # none | the torchao / TE recipe
+    total_bytes: int = 0
+    free_bytes: int = 0
+    capability: tuple[int, int] = (0, 0)
+    host_bytes: int = 0  # this node's memory
+    local_world: int = 1  # ranks on this node
+    symm_auto: str = "none"  # what parallel.fsdp_symm_mem=auto resolves to here
+    norm_fp32: bool = False  # autocast runs rms_norm in fp32 (train.compat)
+    explicit: frozenset[str] = frozenset()  # keys the job set itself: never changed
+
+
+@dataclass
+class PlanResult:
+    values: dict[str, Any] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    budget_bytes: int = 0
+
+    def line(self, inputs: PlanInputs) -> str:
+        """The one line a run logs at start."""
+        if inputs.device != "cuda":
+            return f"plan: {inputs.device}: nothing to decide (the config's values)"
+        head = (f"plan: {inputs.world} x {inputs.total_bytes / GiB:.1f} GiB, {inputs.model.name} {inputs.strategy} "
+                f"{inputs.batch}x{inputs.seq} {inputs.fp8 if inputs.fp8 != 'none' else inputs.precision}")
+        return head + ": " + ("; ".join(self.reasons) or "nothing left open")
+
+
+def _open(inputs: PlanInputs, key: str) -> bool:
+    return key not in inputs.explicit
+
+
+def _set(res: PlanResult, inputs: PlanInputs, key: str, value: Any) -> bool:
+    if _open(inputs, key):
+        res.values[key] = value
+        return True
+    return False
+
+
+def memory_budget(inputs: PlanInputs) -> int:
+    """Bytes the allocator may reserve: the card's memory less :data:`HEADROOM_BYTES`, or less
+    what other processes hold on it: the free memory at start plus :data:`OWN_BYTES` (this
+    process's CUDA context and NCCL buffers, which the headroom already covers)."""
+    seen = min(inputs.total_bytes, inputs.free_bytes + OWN_BYTES) if inputs.free_bytes else inputs.total_bytes
+    return max(0, seen - HEADROOM_BYTES)
+
+
+def layout(inputs: PlanInputs, ac: str | None = None) -> Layout:
+    """The memory model's layout for these inputs (AC ``ac``, default the job's)."""
+    mode = ac or inputs.ac
+    mode = mode if mode in ("none", "full", "selective") else "full"
+    if inputs.world == 1:
+        strategy, gpus = "single", 1
+    elif inputs.strategy == "fsdp" and inputs.tp > 1:
+        strategy, gpus = "tp", inputs.dp_shard * inputs.tp
+    elif inputs.strategy == "fsdp":
+        strategy, gpus = "fsdp", inputs.dp_shard
+    else:
+        strategy, gpus = "ddp", inputs.world
+    return Layout(strategy=strategy, gpus=gpus, tp=inputs.tp, ac=mode,
+                  precision="fp32" if inputs.precision == "fp32" else "bf16", norm_fp32=inputs.norm_fp32)
+
+
+def loss_chunk(vocab: int) -> int:
+    """The largest power of two <= :data:`MAX_LOSS_CHUNK` whose fp32 logits fit :data:`LOSS_CHUNK_BYTES`."""
+    chunk = MAX_LOSS_CHUNK
+    while chunk > 256 and chunk * vocab * 4 > LOSS_CHUNK_BYTES:
+        chunk //= 2
+    return chunk
+
+
+def ac_skip(inputs: PlanInputs, budget: int) -> tuple[int, str]:
+    """How many of the last blocks to leave out of AC, and why."""
+    cfg = inputs.model
+    lay = layout(inputs)
+    est = estimate(cfg, inputs.batch, inputs.seq, lay)
+    logits = (2 if lay.precision == "bf16" else 4) * inputs.batch * inputs.seq * cfg.vocab_size
+    a_in = lay.residual_bytes * cfg.dim * inputs.batch * inputs.seq // inputs.tp
+    a_block = block_activation_bytes(cfg, inputs.batch, inputs.seq, lay)
+    fp8 = inputs.fp8 != "none"
+    extra = max(1, int(a_block * (FP8_ACTIVATION_FRACTION if fp8 else 1.0)) - a_in)  # one block left out
+    step = est.phases["step"]
+    slack = step - (est.phases["forward"] - logits)  # what fits under the end-of-backward peak
+    k_peak = max(0, slack // extra)
+    reserved0 = int(step * RESERVED_OVER_STEP["fp8" if fp8 else "bf16"])
+    per_block = max(1, int(RESERVED_PER_BLOCK * (a_block - a_in)))
+    k_mem = max(0, (budget - reserved0) // per_block)
+    k = int(min(k_peak, k_mem, cfg.n_layers))
+    why = (f"AC off the last {k} of {cfg.n_layers} blocks (peak allows {k_peak}, memory {k_mem}: "
+           f"reserved est {(reserved0 + k * per_block) / GiB:.1f} of {budget / GiB:.1f} GiB)")
+    if reserved0 > budget:
+        why = (f"AC on every block: reserved est {reserved0 / GiB:.1f} GiB over the {budget / GiB:.1f} GiB "
+               "budget (fewer GiB per GPU: more GPUs, a smaller batch, or parallel.cpu_offload=true)")
+    return k, why
+
+
+def _fsdp_no_ac(inputs: PlanInputs, res: PlanResult) -> None:
+    """FSDP2 without AC on several GPUs: the 1b FSDP2 winner (docs/plan.md)."""
+    cfg = inputs.model
+    est = estimate(cfg, inputs.batch, inputs.seq, layout(inputs, "none"))
+    kept = 2 * param_count(cfg) * (inputs.dp_shard - 1) // max(1, inputs.dp_shard)  # gathered bf16, never resharded
+    if int((est.peak + kept) * RESERVED_OVER_STEP["bf16"]) > res.budget_bytes:
+        res.reasons.append(f"FSDP2 resharding as configured (est {(est.peak + kept) / GiB:.1f} GiB with "
+                           "parameters kept gathered: over the budget)")
+        return
+    if _set(res, inputs, "parallel.reshard_after_forward", "never"):
+        res.reasons.append("parameters kept gathered forward to backward")
+    if inputs.symm_auto == "all_gather" and _set(res, inputs, "parallel.fsdp_symm_mem", "all"):
+        res.reasons.append("all-gather and reduce-scatter on the copy engines")
+    budgeted = round(cfg.n_layers * BUDGET_BLOCK_FRACTION)
+    if budgeted and _open(inputs, "parallel.activation_memory_budget_skip_last") \
+            and _set(res, inputs, "parallel.activation_memory_budget", BUDGET):
+        res.values["parallel.activation_memory_budget_skip_last"] = cfg.n_layers - budgeted
+        res.reasons.append(f"activation budget {BUDGET} on the first {budgeted} blocks")
+
+
+def _checkpoint(inputs: PlanInputs, res: PlanResult) -> None:
+    state = 16 * param_count(inputs.model) // max(1, inputs.dp_shard if inputs.strategy == "fsdp" else 1)
+    staged = state * inputs.local_world
+    if inputs.host_bytes and staged <= ASYNC_HOST_FRACTION * inputs.host_bytes:
+        if _set(res, inputs, "checkpoint.async_save", True):
+            res.reasons.append(f"async checkpoints ({staged / GiB:.0f} of {inputs.host_bytes / GiB:.0f} GiB host)")
+    elif _open(inputs, "checkpoint.async_save"):
+        res.reasons.append(f"checkpoints synchronous ({staged / GiB:.0f} GiB staged over half the host's memory)")
+
+
+def plan(inputs: PlanInputs) -> PlanResult:
+    """The values of the open keys of :data:`PLAN_KEYS` for ``inputs`` (pure)."""
+    res = PlanResult(budget_bytes=memory_budget(inputs))
+    if inputs.device != "cuda":
+        return res
+    compiled = inputs.capability >= (7, 0)
+    if _set(res, inputs, "parallel.compile", compiled):
+        res.reasons.append("compile on" if compiled else f"compile off (capability {inputs.capability})")
+    compiled = res.values.get("parallel.compile", inputs.compile)
+    if compiled and inputs.tp == 1 and _set(res, inputs, "train.loss", "chunked"):
+        chunk = loss_chunk(inputs.model.vocab_size)
+        if _set(res, inputs, "train.loss_chunk_tokens", chunk):
+            res.reasons.append(f"loss chunked by {chunk} tokens")
+        else:
+            res.reasons.append("loss chunked")
+    if inputs.ac != "none" and _open(inputs, "parallel.ac_skip_last"):
+        k, why = ac_skip(inputs, res.budget_bytes)
+        res.values["parallel.ac_skip_last"] = k
+        res.reasons.append(why)
+    elif inputs.ac == "none" and inputs.strategy == "fsdp" and inputs.world > 1 and inputs.tp == 1:
+        _fsdp_no_ac(inputs, res)
+    one_node = inputs.local_world >= inputs.world  # NVLink: the bf16 all-gather's extra bytes are cheap
+    if inputs.fp8 == "tensorwise" and inputs.strategy == "fsdp" and 1 < inputs.world and one_node:
+        if _set(res, inputs, "fp8.fsdp_float8_all_gather", False):
+            res.reasons.append("FP8 weights all-gathered in bf16")
+    _checkpoint(inputs, res)
+    return res
