@@ -73,11 +73,11 @@ def test_1b(card, gpus):
     res = plan(inputs("1b", gpus, card))
     assert res.values["parallel.compile"] is True and res.values["train.loss_chunk_tokens"] == 8192
     assert "parallel.ac_skip_last" not in res.values  # AC is off in the preset
-    fsdp_keys = {"parallel.reshard_after_forward", "parallel.fsdp_symm_mem", "parallel.activation_memory_budget"}
+    fsdp_keys = {"parallel.fsdp_symm_mem", "parallel.activation_memory_budget"}
     if gpus == 1:  # FSDP's mixed precision by casting: no collectives to tune
         assert not fsdp_keys & set(res.values)
     else:
-        assert res.values["parallel.reshard_after_forward"] == "never"
+        assert "parallel.reshard_after_forward" not in res.values  # FSDP2's default: at torchtitan's memory
         assert res.values["parallel.fsdp_symm_mem"] == "all"
         assert res.values["parallel.activation_memory_budget"] == 0.999
         assert res.values["parallel.activation_memory_budget_skip_last"] == 10  # budget on the first 6 of 16
@@ -177,7 +177,7 @@ def test_doctor_shows_the_plan():
     res = train_cli(["doctor", "--preset", "1b", "--profile", "h200", "--gpus", "2", "--json"])
     shown = json.loads(res.stdout)["memory"]["plan"]
     assert shown["config"] == "1b" and shown["budget_gib"] == 138.0  # the profile's 141 GiB less the headroom
-    assert shown["values"]["parallel.compile"] is True and shown["values"]["parallel.reshard_after_forward"] == "never"
+    assert shown["values"]["parallel.compile"] is True and shown["values"]["parallel.fsdp_symm_mem"] == "all"
 
 
 def test_defaults_table_runs_the_presets_as_a_user_does(tmp_path):
