@@ -14,8 +14,8 @@ from train.doctor.memory import (
     estimate,
 )
 from train.doctor.planning import recommend
-from train.models.presets import MODEL_PRESETS
-from train.models.shapes import param_count
+from train.models.registry import PRESETS as MODEL_PRESETS
+from train.models.registry import param_count
 
 
 def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | None, source: str,

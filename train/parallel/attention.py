@@ -12,7 +12,7 @@ chosen when the graph is traced, i.e. at the first call, which happens inside th
 context; dynamo does not guard on these flags, so a compiled block keeps the kernel it
 was traced with (``train bench step`` resets dynamo between points).
 
-``sdpa_gqa=native`` sets ``Attention.native_gqa`` on the model's attention modules (SDPA's
+``sdpa_gqa=native`` sets ``native_gqa`` on the model's attention modules that have one (SDPA's
 ``enable_gqa=True``: the KV heads are not copied per query head, so neither the copies nor
 their backward reduction exist); ``repeat`` (default) keeps ``repeat_interleave``.
 """
@@ -58,10 +58,8 @@ def attention_context(pcfg, device: torch.device, model) -> contextlib.AbstractC
     ``parallel.sdpa_backend`` context for a micro-step's forward and backward."""
     native = pcfg.sdpa_gqa == "native" and native_gqa_kernel(device.type)
     if getattr(model, "_native_gqa", None) is not native:
-        from train.models.llama import Attention
-
         for module in model.modules():
-            if isinstance(module, Attention):
+            if isinstance(getattr(module, "native_gqa", None), bool):  # attention that can share KV heads
                 module.native_gqa = native
         model._native_gqa = native
     return sdpa_backend(pcfg.sdpa_backend, device)
