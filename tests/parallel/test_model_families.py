@@ -147,3 +147,27 @@ def test_train_run_with_a_users_model_and_its_refusals(tmp_path):
     job.parallel.tp = 2
     with pytest.raises(ConfigError, match="parallel.tp: 2 needs a tensor-parallel plan"):
         ParallelDims.from_job(job, 2)
+
+
+def test_doctor_estimates_and_recommends_for_the_gpt2_family():
+    """The memory model reads the family's shapes and traits: every candidate layout of GPT-2 is
+    estimated (no RoPE table, tied output), and ``train doctor --preset gpt2-124m`` reports it."""
+    import json
+    import sys
+
+    from testlib import run
+    from train.doctor.memory import GiB, Plan, estimate
+    from train.doctor.planning import recommend
+    from train.models.registry import PRESETS, param_count
+
+    cfg = PRESETS["gpt2-124m"]
+    assert 124e6 < param_count(cfg) < 125e6  # GPT-2 small, tied embeddings counted once
+    single = estimate(cfg, 8, 1024, Plan())
+    assert single.buffers == 0 and single.params == 4 * param_count(cfg)
+    assert estimate(cfg, 8, 1024, Plan("single", 1, ac="full")).peak < single.peak
+    rec = recommend(cfg, 1024, 8, 8, 80 * GiB)
+    assert rec.plan is not None and len(rec.rows) == 6  # DDP, FSDP2 (each +AC), TP (+AC)
+    res = run([sys.executable, "-m", "train", "doctor", "--preset", "gpt2-124m", "--profile", "h100", "--json"])
+    report = json.loads(res.stdout)
+    assert report["memory"]["params"] == param_count(cfg), res.stderr[-2000:]
+    assert report["memory"]["recommendation"]["strategy"] == "ddp"
