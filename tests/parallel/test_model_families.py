@@ -171,3 +171,20 @@ def test_doctor_estimates_and_recommends_for_the_gpt2_family():
     report = json.loads(res.stdout)
     assert report["memory"]["params"] == param_count(cfg), res.stderr[-2000:]
     assert report["memory"]["recommendation"]["strategy"] == "ddp"
+
+
+def test_gpt2_chunked_loss_through_the_tied_head_equals_eager(tmp_path):
+    """``train.loss=chunked`` installs the loss head on the tied head: same trajectory as eager."""
+    from train.distributed import DistInfo
+    from train.trainer import Trainer
+
+    runs = {}
+    for loss in ("eager", "chunked"):
+        job = load_job(GPT2 + [f"train.loss={loss}", "train.loss_chunk_tokens=40"])
+        trainer = Trainer(job, DistInfo(0, 0, 1, torch.device("cpu"), None), tmp_path / loss)
+        runs[loss] = [trainer.train_step()[:2] for _ in range(3)]
+        trainer.metrics.close()
+        trainer.release()
+    for (loss, norm), (ref_loss, ref_norm) in zip(runs["chunked"], runs["eager"]):
+        assert abs(loss - ref_loss) <= 1e-5 * ref_loss and abs(norm - ref_norm) <= 1e-4 * ref_norm, runs
+    assert runs["eager"][-1][0] < runs["eager"][0][0]
