@@ -85,6 +85,19 @@ def test_the_model_knows_nothing_of_parallelism(graph):
     assert models and {m: t for m, t in outside.items() if t} == {}
 
 
+# What the rest of train may import from train.models: the seam, never a family's own modules.
+MODEL_SEAM = {"train.models.registry", "train.models.spec", "train.models.presets", "train.models.weights"}
+
+
+def test_the_rest_knows_models_only_through_their_spec(graph):
+    """The trainer, parallel/, precision/, doctor and the rest ask a model's spec
+    (``train.models.registry``) instead of importing a family (``train.models.llama``...)."""
+    family = {m: {x for x in t if x.startswith("train.models.") and x not in MODEL_SEAM}
+              for m, t in graph.items() if not m.startswith("train.models")}
+    assert {m: t for m, t in family.items() if t} == {}
+    assert {"train.models.llama", "train.models.gpt2.model"} <= set(graph)  # the rule has families to bite on
+
+
 def test_launch_never_imports_torch_or_train():
     mods = arch.module_files(ROOT, ("launch",))
     bad = {m: arch.top_level_imports(m, p) & {"torch", "train"} for m, p in mods.items()}

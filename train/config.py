@@ -23,7 +23,8 @@ from core.homepath import expand_home
 from core.safety import control_chars, excerpt, load_yaml_file, load_yaml_text, parse_finite_float, probe_path
 from train.comm.config import CommConfig
 from train.errors import ConfigError
-from train.models.presets import MODEL_PRESETS, ModelConfig
+from train.models.presets import ModelConfig
+from train.models.registry import PRESETS, model_spec
 from train.parallel.config import ParallelConfig
 from train.precision.config import Float8Config
 
@@ -204,6 +205,7 @@ class JobConfig:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate()
+        self._validate_model()
         if self.comm.hook != "none" and self.parallel.strategy != "ddp":
             raise ConfigError(
                 f"comm.hook={self.comm.hook}: communication hooks are DDP hooks; parallel.strategy="
@@ -217,6 +219,15 @@ class JobConfig:
             raise ConfigError(
                 f"train.seq_len: {self.train.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}"
             )
+
+    def _validate_model(self) -> None:
+        """The model's family (or a user's builder, imported now) and its own rules."""
+        spec = model_spec(self.model)
+        if spec.validate is not None:
+            spec.validate(self.model)
+        if self.train.loss == "chunked" and not spec.loss_head:
+            raise ConfigError(f"train.loss=chunked: model.builder={self.model.builder} takes no loss head "
+                              "(use eager or compiled)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -310,9 +321,9 @@ def _apply_model_preset(cfg: JobConfig, model_section: dict[str, Any]) -> None:
     name = model_section.get("name", cfg.model.name)
     if not isinstance(name, str):
         raise ConfigError(f"model.name: expected a preset name, got {type(name).__name__} {excerpt(name)}")
-    if name not in MODEL_PRESETS:
-        raise ConfigError(f"model.name: unknown preset {excerpt(name)} (valid: {', '.join(MODEL_PRESETS)})")
-    cfg.model = dataclasses.replace(MODEL_PRESETS[name])
+    if name not in PRESETS:
+        raise ConfigError(f"model.name: unknown preset {excerpt(name)} (valid: {', '.join(PRESETS)})")
+    cfg.model = dataclasses.replace(PRESETS[name])
 
 
 def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:

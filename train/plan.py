@@ -35,7 +35,7 @@ from typing import Any
 
 from train.doctor.memory import GiB, Plan as Layout, block_activation_bytes, estimate
 from train.models.presets import ModelConfig
-from train.models.shapes import param_count
+from train.models.registry import param_count
 
 # The keys the plan decides when the job leaves them unset.
 PLAN_KEYS = (
@@ -223,6 +223,9 @@ def plan(inputs: PlanInputs) -> PlanResult:
     if _set(res, inputs, "parallel.compile", compiled):
         res.reasons.append("compile on" if compiled else f"compile off (capability {inputs.capability})")
     compiled = res.values.get("parallel.compile", inputs.compile)
+    if param_count(inputs.model) is None:  # a user's model (model.builder): no shapes, no memory model
+        res.reasons.append("the rest as configured (model.builder: no memory model to plan with)")
+        return res
     if compiled and inputs.tp == 1 and _set(res, inputs, "train.loss", "chunked"):
         chunk = loss_chunk(inputs.model.vocab_size)
         if _set(res, inputs, "train.loss_chunk_tokens", chunk):

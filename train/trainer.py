@@ -25,13 +25,13 @@ from train.checkpoint import (
     Schedule,
 )
 from train.data import ShardInfo, build_loader, to_device
-from train.models.shapes import param_count
 from train.errors import ConfigError, NonFiniteLossError, OutOfMemory
 from train.exporters import build_sinks
 from train.hardware import peak_bf16_tflops
 from train.loss import head_args, loss_from
 from train.metrics import MetricsLogger, ProgressBar, StepTimer, allocator_stats, mfu, peak_memory_gib
-from train.models.llama import Transformer, count_params, flops_per_token
+from train.models.registry import flops_per_token, model_spec, param_count
+from train.models.weights import count_params
 from train.optim import build_optimizer, build_scheduler, clip_divisor, clip_in_step, device_gated
 from train.parallel import ParallelDims, Parallelized, parallelize
 from train.parallel.attention import attention_context
@@ -134,7 +134,7 @@ class Trainer:
             raise ConfigError(
                 f"--out {out_dir}: holds {held}; pass --resume to continue from them, or use a new --out"
             )
-        self.flops_per_token = flops_per_token(job.model, job.train.seq_len)
+        self.flops_per_token = flops_per_token(job.model, job.train.seq_len, count_params(self.par.inner))
         self.metrics = self._build_metrics()
 
     # ------------------------------------------------------------------ components
@@ -144,15 +144,17 @@ class Trainer:
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        spec = model_spec(job.model)  # the family's, or a user's model (model.builder)
+        cfg = replace(job.model, max_seq_len=job.train.seq_len) if spec.seq_len_sized else job.model
         with torch.device("meta"):
-            model = Transformer(replace(job.model, max_seq_len=job.train.seq_len))  # rope table: the positions used
-        model = apply_float8(model, job.fp8, self.device, self.dims)
+            model = spec.build(cfg)
+        model = apply_float8(model, job.fp8, self.device, self.dims, high_precision=spec.high_precision)
 
         def materialize(m: torch.nn.Module) -> None:
             m.to_empty(device=self.device)
-            m.init_weights(job.train.seed)
+            spec.init_weights(m, job.train.seed)
 
-        return parallelize(model, job, self.info, materialize, self.dims)
+        return parallelize(model, job, self.info, materialize, self.dims, spec)
 
     def _build_checkpointer(self) -> Checkpointer:
         job, info = self.job, self.info
@@ -378,7 +380,7 @@ class Trainer:
     def describe(self) -> str:
         n = count_params(self.par.inner)
         return (
-            f"model {self.job.model.name}: {n / 1e6:.2f}M params | {self.info.world_size} rank(s), "
+            f"model {self.job.model.builder or self.job.model.name}: {n / 1e6:.2f}M params | {self.info.world_size} rank(s), "
             f"backend {self.info.backend or 'none'}, device {self.device.type} | precision {self.precision} | "
             f"strategy {self.job.parallel.strategy} | batch {self.job.train.batch_size}x{self.job.train.seq_len}"
             f" x accum {self.accum} x dp {self.par.dp_world}"
@@ -398,7 +400,8 @@ def _out_of_memory(exc: BaseException, job, info: tdist.DistInfo, at) -> OutOfMe
     first = first.split("] ", 1)[-1] if first.startswith("[enforce fail") else first
     first = first.replace("err == 0. ", "")[:300]
     m = job.model
-    params = f"{param_count(m) / 1e9:.2f}B parameters"
+    n = param_count(m)
+    params = f"{n / 1e9:.2f}B parameters" if n is not None else f"the model of model.builder={m.builder}"
     where = {"startup": "while building the model", "resume": "while loading the checkpoint"}.get(at, f"at step {at}")
     return OutOfMemory(
         f"out of memory on rank {info.rank} ({info.device}) {where}: {first}; model.name={m.name} has "

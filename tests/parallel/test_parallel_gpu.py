@@ -60,3 +60,17 @@ def test_gpu_fsdp_symm_mem_buffers_train_as_the_default(tmp_path, mode):
     # not bit for bit: two runs of the default differ too (non-deterministic backward kernels;
     # 2xH100 on 2026-11-26: up to 7.8e-5 relative over 30 steps, all_gather against the default)
     assert run_losses(tmp_path / "symm") == pytest.approx(run_losses(tmp_path / "base"), rel=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.parametrize("extra", [
+    ["parallel.ac=full", "parallel.compile=true"],
+    ["parallel.tp=2", "parallel.compile=true"],
+], ids=["fsdp_ac_full_compile", "tp_compile"])
+def test_gpu_gpt2_family_trains_on_2_gpus(tmp_path, extra):
+    """The second model family (train/models/gpt2/) through the same parallelism as Llama."""
+    run = ["run", "--config", "gpt2-124m", "--out", str(tmp_path / "run"), "--steps", "30",
+           *sets("train.seq_len=256", "train.log_every=1", "optim.lr=1e-3", "optim.warmup_steps=5",
+                 "checkpoint.final=false", "metrics.progress=false", "parallel.strategy=fsdp", *extra)]
+    assert_learns(torchrun(run, nproc=2), tmp_path / "run")

@@ -1,4 +1,10 @@
-"""Per-GPU memory estimate of one training step of a Llama preset, without torch.
+"""Per-GPU memory estimate of one training step of a model preset, without torch.
+
+The parameter shapes and the per-block traits (what a block's norms, attention and MLP save)
+come from the family's spec (``train.models.spec.ModelSpec.param_shapes`` and ``memory``);
+the formulas below are written for the Llama family, the reference the estimate is
+checked against, and take other families' numbers of norm statistics, linear inputs and
+MLP-wide tensors from their traits.
 
 What is counted is what ``torch.cuda.max_memory_allocated`` sees for ``train run``:
 tensors the caching allocator hands out. The CUDA context, NCCL buffers and allocator
@@ -81,7 +87,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from train.models.presets import ModelConfig
-from train.models.shapes import param_count, param_shapes
+from train.models.registry import model_spec, param_count
+from train.models.spec import MemoryTraits
 
 GiB = 2**30
 STRATEGIES = ("single", "ddp", "fsdp", "tp")
@@ -91,27 +98,33 @@ ESTIMATED_AC_MODES = ("none", "full", "selective")  # the parallel.ac modes this
 USABLE_FRACTION = 0.90
 
 
-# nn.Linear weights sharded along dim 1 by tensor parallelism (row-wise); every other
-# linear, the embedding and the output projection are sharded along dim 0.
-_ROWWISE = ("attention.wo.weight", "feed_forward.w2.weight")
+def _traits(cfg: ModelConfig) -> tuple[list, MemoryTraits, str]:
+    """(parameter shapes, memory traits, the blocks' name prefix) of ``cfg``'s family; a ValueError
+    for a model whose spec gives no shapes (a user's builder: built, not described)."""
+    spec = model_spec(cfg)
+    if spec.param_shapes is None or spec.memory is None:
+        raise ValueError(f"model family {spec.family}: no parameter shapes or memory traits to estimate from")
+    return spec.param_shapes(cfg), spec.memory, f"{spec.blocks}."
 
 
-def _tp_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
-    if tp == 1 or len(shape) == 1:  # norms are replicated
+def _tp_shape(name: str, shape: tuple[int, ...], tp: int, traits: MemoryTraits) -> tuple[int, ...]:
+    """nn.Linear weights row-wise by tensor parallelism (``traits.rowwise``) are sharded along
+    dim 1; every other matrix (linears, embedding, output projection) along dim 0."""
+    if tp == 1 or len(shape) == 1:  # norms (and biases, approximately) are replicated
         return shape
-    if name.endswith(_ROWWISE):
+    if name.endswith(traits.rowwise):
         return (shape[0], math.ceil(shape[1] / tp))
     return (math.ceil(shape[0] / tp), *shape[1:])
 
 
-def _local_numel(name: str, shape: tuple[int, ...], tp: int, shard: int) -> int:
+def _local_numel(name: str, shape: tuple[int, ...], tp: int, shard: int, traits: MemoryTraits) -> int:
     """Elements on one GPU: TP shard, then FSDP2's dim-0 shard (padded to ceil)."""
-    s = _tp_shape(name, shape, tp)
+    s = _tp_shape(name, shape, tp, traits)
     return math.ceil(s[0] / shard) * math.prod(s[1:])
 
 
-def _is_linear(name: str) -> bool:
-    return name.endswith("weight") and ("attention.w" in name or "feed_forward.w" in name or name == "output.weight")
+def _is_linear(name: str, traits: MemoryTraits) -> bool:
+    return name.endswith("weight") and (any(part in name for part in traits.linear) or name == traits.output)
 
 
 
@@ -223,16 +236,17 @@ def block_activation_bytes(cfg: ModelConfig, batch: int, seq: int, plan: Plan = 
     t = plan.tp
     tokens = batch * seq
     d, f, h, hd, kv = cfg.dim, cfg.hidden_dim, cfg.n_heads, cfg.head_dim, cfg.kv_heads
+    tr = _traits(cfg)[1]
     c = 2 if plan.precision == "bf16" else 4
     per_norm = plan.norm_bytes * d * (1 if plan.fused_norm else 2)  # fused: input; unfused: input + output
     casts = c != plan.norm_bytes  # autocast casts the fp32 norm output once per linear
     per_token = (
         2 * per_norm / t
-        + 2 * 4 / t  # rstd
-        + (3 if casts else 1) * c * d  # input(s) of wq, wk, wv (full size under SP)
-        + (2 if casts else 1) * c * d  # input(s) of w1, w3
+        + 2 * 4 * tr.norm_stats / t  # rstd (LayerNorm: and the mean)
+        + (tr.attn_inputs if casts else 1) * c * d  # input(s) of wq, wk, wv (full size under SP)
+        + (tr.mlp_inputs if casts else 1) * c * d  # input(s) of w1, w3
         + 2 * c * (h + (h if plan.kv_repeated else kv)) * hd / t  # q, output at h heads; k, v at kv heads (enable_gqa)
-        + 4 * c * f / t  # SwiGLU: w1 out, w3 out, silu, product
+        + tr.mlp_saved * c * f / t  # SwiGLU: w1 out, w3 out, silu, product
     )
     return int(round(tokens * per_token)) + 4 * batch * h * seq // t  # + logsumexp
 
@@ -273,20 +287,21 @@ class _Sizes:
 
 def _sizes(cfg: ModelConfig, plan: Plan) -> _Sizes:
     t, n = plan.tp, plan.shard
-    shapes = param_shapes(cfg)
-    local = {name: _local_numel(name, s, t, n) for name, s in shapes}
-    tp_only = {name: _local_numel(name, s, t, 1) for name, s in shapes}
-    block0 = [name for name, _ in shapes if name.startswith("layers.0.")]
+    shapes, tr, blocks = _traits(cfg)
+    local = {name: _local_numel(name, s, t, n, tr) for name, s in shapes}
+    tp_only = {name: _local_numel(name, s, t, 1, tr) for name, s in shapes}
+    block0 = [name for name, _ in shapes if name.startswith(f"{blocks}0.")]
+    out, out_tp = (local[tr.output], tp_only[tr.output]) if tr.output else (0, 0)  # tied: the embedding's
     return _Sizes(
         local=sum(local.values()),
-        out=local["output.weight"],
-        norm=local["norm.weight"],
+        out=out,
+        norm=local[tr.norm],
         block=sum(local[x] for x in block0),
         block_tp=sum(tp_only[x] for x in block0),
-        block_lin=sum(local[x] for x in block0 if _is_linear(x)),
-        lin=sum(v for name, v in local.items() if _is_linear(name)),
-        root_tp=tp_only["tok_embeddings.weight"] + tp_only["norm.weight"] + tp_only["output.weight"],
-        out_tp=tp_only["output.weight"],
+        block_lin=sum(local[x] for x in block0 if _is_linear(x, tr)),
+        lin=sum(v for name, v in local.items() if _is_linear(name, tr)),
+        root_tp=tp_only[tr.embedding] + tp_only[tr.norm] + out_tp,
+        out_tp=out_tp,
         tensors=len(shapes),
     )
 
@@ -360,8 +375,10 @@ def _recompute(j: int, cfg: ModelConfig, s: _Sizes, act: _Activations, ckpt_bloc
 
 
 def rope_bytes(cfg: ModelConfig, seq: int) -> int:
-    """The RoPE cos/sin table, fp32, replicated: the trainer sizes it to ``train.seq_len``."""
-    return 4 * seq * cfg.head_dim
+    """The RoPE cos/sin table, fp32, replicated: the trainer sizes it to ``train.seq_len`` (0: a
+    family without one; a user's model: not known, 0)."""
+    spec = model_spec(cfg)
+    return 4 * seq * cfg.head_dim if spec.memory is not None and spec.memory.rope else 0
 
 
 def floor_bytes(cfg: ModelConfig, batch: int, seq: int, shard: int, tp: int) -> dict[str, int]:
@@ -369,7 +386,7 @@ def floor_bytes(cfg: ModelConfig, batch: int, seq: int, shard: int, tp: int) -> 
     parameters in fp32 (``shard`` ways), the RoPE table, and one micro-batch's residual stream
     once, in bf16 (split ``tp`` ways, as sequence parallelism would)."""
     return {
-        "params": 4 * param_count(cfg) // shard,
+        "params": 4 * (param_count(cfg) or 0) // shard,  # a user's model: not known before it is built
         "rope": rope_bytes(cfg, seq),
         "hidden": 2 * batch * seq * cfg.dim // tp,
     }

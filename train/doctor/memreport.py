@@ -14,8 +14,8 @@ from train.doctor.memory import (
     estimate,
 )
 from train.doctor.planning import recommend
-from train.models.presets import MODEL_PRESETS
-from train.models.shapes import param_count
+from train.models.registry import PRESETS as MODEL_PRESETS
+from train.models.registry import param_count
 from train.plan import PLAN_KEYS, PlanInputs, plan
 
 

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.models.presets import ModelConfig
+from train.models.shapes import flops_per_token  # noqa: F401 - the trainer's FLOP count, from the config
+from train.models.weights import filler, full_device
 
 
 def rope_cache(head_dim: int, max_seq_len: int, theta: float, device=None) -> torch.Tensor:
@@ -171,22 +173,14 @@ class Transformer(nn.Module):
         Embedding ~ N(0, 1); projections ~ truncated N(0, 0.02); output projections of
         each block (wo, w2) scaled by 1/sqrt(2 * n_layers) as in GPT-2/Llama.
         """
-        device = _full_device(self.tok_embeddings.weight)
+        device = full_device(self.tok_embeddings.weight)
         if device.type == "meta":
             raise RuntimeError("materialise the model (to_empty) before init_weights")
         self.rope = rope_cache(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta, device=device)
         # One generator on the parameters' device type: identical on every rank, and fast
         # on GPUs for large models (each full tensor is drawn, then sharded if needed).
-        gen = torch.Generator(device=device).manual_seed(seed)
+        fill = filler(device, seed)
         depth_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-
-        def fill(param: torch.Tensor, std: float, trunc: bool = True) -> None:
-            full = torch.empty(param.shape, dtype=torch.float32, device=device)
-            if trunc:
-                nn.init.trunc_normal_(full, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=gen)
-            else:
-                nn.init.normal_(full, mean=0.0, std=std, generator=gen)
-            _copy_full(param, full)
 
         fill(self.tok_embeddings.weight, 1.0, trunc=False)
         for layer in self.layers.values():
@@ -201,42 +195,8 @@ class Transformer(nn.Module):
         fill(self.output.weight, self.cfg.dim ** -0.5)
 
 
-def _full_device(param: torch.Tensor) -> torch.device:
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(param, DTensor):
-        return param.to_local().device
-    return param.device
-
-
-def _copy_full(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a full tensor into ``param``, which may be a sharded DTensor."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(param, DTensor):
-        # src_data_rank=None: every rank holds the same full tensor; no broadcast needed.
-        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-        param.to_local().copy_(shard.to_local())
-    else:
-        param.copy_(full)
-
-
 def count_params(model: nn.Module, exclude_embedding: bool = False) -> int:
     total = sum(p.numel() for p in model.parameters())
     if exclude_embedding and getattr(model, "tok_embeddings", None) is not None:
         total -= model.tok_embeddings.weight.numel()
     return total
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token: 6 * N + 12 * L * dim * seq_len.
-
-    N is the parameter count without the token embedding (a lookup, not a matmul);
-    6N counts forward (2N) and backward (4N) matmul FLOPs; 12 * L * dim * seq is the
-    attention score and value matmuls (QK^T and AV, forward + backward), the same
-    formula torchtitan and the PaLM paper use. Causal masking is not discounted.
-    """
-    d, h, kv = cfg.dim, cfg.hidden_dim, cfg.kv_heads * cfg.head_dim
-    per_layer = d * d * 2 + d * kv * 2 + 3 * d * h + 2 * d  # wq, wo, wk, wv, MLP, norms
-    n = cfg.n_layers * per_layer + d + d * cfg.vocab_size  # final norm + output projection
-    return 6.0 * n + 12.0 * cfg.n_layers * d * seq_len

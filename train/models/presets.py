@@ -1,5 +1,7 @@
 """Model shapes. A preset is a complete :class:`ModelConfig`; YAML or ``--set model.x=``
-overrides single fields after the preset named by ``model.name`` is applied."""
+overrides single fields after the preset named by ``model.name`` is applied. The fields are
+those every family reads (a family may ignore some: GPT-2 has no RoPE); this file holds the
+Llama family's presets, each family its own (``train.models.registry.PRESETS``: all of them)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ class ModelConfig:
     max_seq_len: int = 256
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    family: str = "llama"  # the model family (train/models/registry.py); a preset sets it
+    builder: str = ""  # a user's model: "pkg.mod:fn", fn(ModelConfig) -> nn.Module (family then unused)
 
     @property
     def kv_heads(self) -> int:
@@ -45,8 +49,6 @@ class ModelConfig:
             raise ConfigError("model.n_kv_heads / model.ffn_hidden: must be >= 0")
         if self.dim % self.n_heads:
             raise ConfigError(f"model.dim: {self.dim} is not divisible by model.n_heads={self.n_heads}")
-        if self.head_dim % 2:
-            raise ConfigError(f"model.dim/n_heads: head dim {self.head_dim} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise ConfigError(f"model.n_kv_heads: {self.kv_heads} does not divide model.n_heads={self.n_heads}")
         if self.norm_eps <= 0 or self.rope_theta <= 0:

@@ -47,3 +47,17 @@ def param_count(cfg: ModelConfig) -> int:
     before, after = outer_shapes(cfg)
     outer = sum(math.prod(s) for _, s in before + after)
     return outer + cfg.n_layers * sum(math.prod(s) for _, s in block_shapes(cfg))
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token: 6 * N + 12 * L * dim * seq_len.
+
+    N is the parameter count without the token embedding (a lookup, not a matmul);
+    6N counts forward (2N) and backward (4N) matmul FLOPs; 12 * L * dim * seq is the
+    attention score and value matmuls (QK^T and AV, forward + backward), the same
+    formula torchtitan and the PaLM paper use. Causal masking is not discounted.
+    """
+    d, h, kv = cfg.dim, cfg.hidden_dim, cfg.kv_heads * cfg.head_dim
+    per_layer = d * d * 2 + d * kv * 2 + 3 * d * h + 2 * d  # wq, wo, wk, wv, MLP, norms
+    n = cfg.n_layers * per_layer + d + d * cfg.vocab_size  # final norm + output projection
+    return 6.0 * n + 12.0 * cfg.n_layers * d * seq_len

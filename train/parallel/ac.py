@@ -15,7 +15,8 @@
   of backward (parameters, optimizer state and every gradient), so the activations of the
   last blocks can fit under it and their recompute is saved.
 
-Blocks are replaced in ``model.layers`` by torch's ``checkpoint_wrapper``. That inserts
+Blocks (the container the model's spec names, ``ModelSpec.blocks``) are replaced by torch's
+``checkpoint_wrapper``. That inserts
 ``_checkpoint_wrapped_module.`` into ``named_parameters()`` names, but
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` (what train/checkpoint/manager.py
 uses) strips it, so checkpoints load across ``ac`` settings (tested).
@@ -84,17 +85,21 @@ def _wrap(block: nn.Module, mode: str) -> nn.Module:
     return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)
 
 
-def apply_ac(model: nn.Module, pcfg) -> int:
-    """Wrap blocks of ``model.layers`` in place; returns how many were wrapped."""
+def apply_ac(model: nn.Module, pcfg, spec=None) -> int:
+    """Wrap the blocks of ``model`` in place; returns how many were wrapped. ``spec``: the
+    model's :class:`~train.models.spec.ModelSpec` (by default :func:`~train.models.registry.spec_of` it)."""
     if pcfg.ac == "none":
         return 0
+    from train.models.registry import spec_of
+
+    spec = spec or spec_of(model)
     wrapped = 0
-    blocks = list(model.layers.items())
+    blocks = spec.block_items(model)
     last = len(blocks) - pcfg.ac_skip_last  # ac_skip_last: the blocks from here on are left alone
     for i, (name, block) in enumerate(blocks):
         if (pcfg.ac == "selective" and i % pcfg.ac_every) or i >= last:
             continue
-        model.layers[name] = _wrap(block, pcfg.ac)
+        spec.set_block(model, name, _wrap(block, pcfg.ac))
         wrapped += 1
     return wrapped
 

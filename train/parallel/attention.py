@@ -60,10 +60,8 @@ def attention_context(pcfg, device: torch.device, model) -> contextlib.AbstractC
     and backward."""
     native = native_gqa_kernel(device.type)
     if getattr(model, "_native_gqa", None) is not native:
-        from train.models.llama import Attention
-
         for module in model.modules():
-            if isinstance(module, Attention):
+            if isinstance(getattr(module, "native_gqa", None), bool):  # attention that can share KV heads
                 module.native_gqa = native
         model._native_gqa = native
     return sdpa_backend(pcfg.sdpa_backend, device)

@@ -65,15 +65,19 @@ def inductor_cache_dir() -> Path:
     return path
 
 
-def apply_compile(model: nn.Module, pcfg) -> int:
-    """Compile every block of ``model.layers`` in place; returns how many."""
+def apply_compile(model: nn.Module, pcfg, spec=None) -> int:
+    """Compile every block of ``model`` in place; returns how many. ``spec``: the model's
+    :class:`~train.models.spec.ModelSpec` (by default :func:`~train.models.registry.spec_of` it)."""
     if not pcfg.compile:
         return 0
+    from train.models.registry import spec_of
+
+    spec = spec or spec_of(model)
     inductor_cache_dir()
     # process-wide: set on every compile, so that one job's budget does not outlive it
     import torch._functorch.config as functorch_config
 
-    blocks = list(model.layers.values())
+    blocks = [block for _, block in spec.block_items(model)]
     budgeted = len(blocks)  # the first blocks, compiled under the budget
     skip = pcfg.activation_memory_budget_skip_last
     if skip and pcfg.activation_memory_budget < 1 and pcfg.compile_backend == "inductor":

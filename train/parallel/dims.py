@@ -54,6 +54,14 @@ class ParallelDims:
         """The mesh for ``world_size`` ranks from the ``parallel`` section, or a ConfigError
         naming the culprit; checks that TP divides the model's heads and MLP."""
         r, s, t = _mesh_degrees(pcfg, world_size)
+        if t > 1:
+            from train.models.registry import model_spec
+
+            spec = model_spec(model_cfg)
+            if spec.tp is None:
+                what = f"model.builder={spec.source}" if spec.source else f"model.family={spec.family}"
+                raise ConfigError(f"parallel.tp: {t} needs a tensor-parallel plan, and {what} has none "
+                                  "(use a registered family, see docs/extending.md)")
         if model_cfg.n_heads % t or model_cfg.kv_heads % t:
             raise ConfigError(f"parallel.tp: {t} does not divide model.n_heads={model_cfg.n_heads} and "
                               f"n_kv_heads={model_cfg.kv_heads}")

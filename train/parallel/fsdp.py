@@ -1,7 +1,8 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``): FSDP, HSDP and FSDP + TP.
 
 Order of operations (torchtitan's): mesh -> TP -> activation checkpointing -> compile ->
-``fully_shard`` on the embedding, every block and the output, then on the root -> materialize. The model is still on
+``fully_shard`` on the embedding, every block and the output (the units the model's spec names),
+then on the root -> materialize. The model is still on
 the meta device when it is sharded; ``materialize`` then allocates only this rank's
 shards (``to_empty``) and ``init_weights`` fills them from the same full tensors a
 single process would draw, so the values do not depend on the mesh (tested).
@@ -94,15 +95,20 @@ def _no_sync(model):
         model.set_requires_gradient_sync(True)
 
 
-def shard_model(model: nn.Module, fsdp_mesh, job, precision: str) -> None:
+def shard_model(model: nn.Module, fsdp_mesh, job, precision: str, spec=None) -> None:
     """``fully_shard`` the embedding, each block and the output projection as units of
-    their own, then the root (final norm).
+    their own (``spec.embedding``, ``spec.blocks``, ``spec.output``; None: in the root), then
+    the root (final norm, and whatever the spec leaves there).
 
     Own units free the embedding's gathered weight after its forward and reduce-scatter
     the output projection's gradient as soon as its backward is done, instead of holding
     both (gathered weights and full-size gradients) through the whole step in the root.
     ``train.loss=chunked`` runs through the output module too (``Output.forward(h,
-    targets)``), so its unit works the same way there."""
+    targets)``), so its unit works the same way there. Tied weights (one parameter in the
+    embedding and the output) keep both in the root: a parameter belongs to one unit."""
+    from train.models.registry import spec_of
+
+    spec = spec or spec_of(model)
     pcfg = job.parallel
     kwargs = {
         "mesh": fsdp_mesh,
@@ -110,37 +116,42 @@ def shard_model(model: nn.Module, fsdp_mesh, job, precision: str) -> None:
         "offload_policy": CPUOffloadPolicy() if pcfg.cpu_offload else OffloadPolicy(),
     }
     reshard_all = pcfg.reshard_after_forward == "always"
-    if model.tok_embeddings is not None:
+    embedding = model.get_submodule(spec.embedding) if spec.embedding else None
+    output = model.get_submodule(spec.output) if spec.output else None
+    if embedding is not None:
         # freed after forward where backward does not gather it again (else as the mode says)
         no_gather = hasattr(FSDPModule, "set_unshard_in_backward")
-        fully_shard(model.tok_embeddings, reshard_after_forward=no_gather or pcfg.reshard_after_forward != "never",
-                    **kwargs)
+        fully_shard(embedding, reshard_after_forward=no_gather or pcfg.reshard_after_forward != "never", **kwargs)
         if no_gather:
-            model.tok_embeddings.set_unshard_in_backward(False)
-    blocks = list(model.layers.values())
+            embedding.set_unshard_in_backward(False)
+    blocks = [block for _, block in spec.block_items(model)]
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=_reshard_policy(pcfg.reshard_after_forward, i, len(blocks)), **kwargs)
     # The output projection's params are needed right at the start of backward.
-    if model.output is not None:
-        fully_shard(model.output, reshard_after_forward=reshard_all, **kwargs)
+    if output is not None:
+        fully_shard(output, reshard_after_forward=reshard_all, **kwargs)
     fully_shard(model, reshard_after_forward=reshard_all, **kwargs)
     _set_prefetch(model, blocks, pcfg.fsdp_prefetch)
-    units = [m for m in (model.tok_embeddings, *blocks, model.output, model) if m is not None]
+    units = [m for m in (embedding, *blocks, output, model) if m is not None]
     apply_symm_mem(units, job, fsdp_mesh.device_type, fsdp_mesh.get_group(fsdp_mesh.ndim - 1))
 
 
-def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims):
-    """Shard ``model`` over ``dims`` (fp16 with FSDP is refused by :meth:`ParallelDims.from_job`)."""
+def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims, spec=None):
+    """Shard ``model`` over ``dims`` (fp16 with FSDP is refused by :meth:`ParallelDims.from_job`).
+    ``spec``: the model's :class:`~train.models.spec.ModelSpec` (by default its config's)."""
+    from train.models.registry import spec_of
+
+    spec = spec or spec_of(model)
     pcfg = job.parallel
     precision = resolve_precision(job.train.precision, info.device)
     mesh = build_mesh(dims, info.device.type)
     if mesh.tp > 1:
-        apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel)
-    apply_ac(model, pcfg)
-    apply_compile(model, pcfg)
-    shard_model(model, mesh.fsdp_mesh, job, precision)
+        apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel, spec)
+    apply_ac(model, pcfg, spec)
+    apply_compile(model, pcfg, spec)
+    shard_model(model, mesh.fsdp_mesh, job, precision, spec)
     if pcfg.cpu_offload:
-        _materialize_offloaded(model, job.train.seed, info.device)
+        _materialize_offloaded(model, job.train.seed, info.device, spec)
     else:
         materialize(model)
 
@@ -157,10 +168,10 @@ def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims):
     return par
 
 
-def _materialize_offloaded(model: nn.Module, seed: int, device: torch.device) -> None:
+def _materialize_offloaded(model: nn.Module, seed: int, device: torch.device, spec) -> None:
     """CPU offload: sharded params live on the host; buffers (RoPE table) on the GPU."""
     model.to_empty(device="cpu")
-    model.init_weights(seed)
+    spec.init_weights(model, seed)
     for mod in model.modules():
         for name, buf in list(mod.named_buffers(recurse=False)):
             setattr(mod, name, buf.to(device))

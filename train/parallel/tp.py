@@ -1,8 +1,11 @@
-"""Tensor parallelism (Megatron-style) with ``parallelize_module`` on the ``tp`` mesh.
+"""Tensor parallelism (Megatron-style) with ``parallelize_module`` on the ``tp`` mesh, from the
+model's declarative plan (``ModelSpec.tp``, style names in ``train.models.spec.TP_STYLES``).
 
-Per block: ``wq/wk/wv`` and ``w1/w3`` column-wise, ``wo`` and ``w2`` row-wise, so each
-of attention and MLP needs one reduction. Attention reshapes with ``-1`` heads, so the
-local shard holds ``n_heads / tp`` heads and no model code changes.
+In a block the column-wise linears (attention's q/k/v, the MLP's up projections) are
+sharded by output features and the row-wise ones (attention's output, the MLP's down
+projection) by input features, so each of attention and MLP needs one reduction. Attention
+reshapes with ``-1`` heads, so the local shard holds ``n_heads / tp`` heads and no model code
+changes.
 
 With ``sequence_parallel`` (default) the residual stream between TP regions is sharded
 over the sequence: norms run on ``Shard(1)`` activations (``SequenceParallel``), the
@@ -18,11 +21,14 @@ all-gathers move float8 data.
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -57,52 +63,77 @@ def _prepare_input(consumers: list[nn.Module], **kwargs):
     return PrepareModuleInput(**kwargs)
 
 
-def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False) -> None:
-    """Parallelize ``model`` (a Transformer, possibly on the meta device) in place. That
-    the TP degree divides heads and MLP is checked by :class:`~train.parallel.dims.ParallelDims`."""
-    sp = sequence_parallel
-    residual = Shard(1) if sp else Replicate()
+def apply_tp(model: nn.Module, tp_mesh, sequence_parallel: bool = True, loss_parallel: bool = False,
+             spec=None) -> None:
+    """Parallelize ``model`` (possibly on the meta device) in place by ``spec.tp`` (``spec``: the
+    model's :class:`~train.models.spec.ModelSpec`; by default :func:`~train.models.registry.spec_of`
+    it). That the TP degree divides heads and MLP is checked by
+    :class:`~train.parallel.dims.ParallelDims`."""
+    from train.models.registry import spec_of
 
-    # Embedding, final norm, output projection. The output projection stays torch's
-    # ColwiseParallel even with float8 (it is kept in high precision).
-    root_plan = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
-        "output": ColwiseParallel(
-            input_layouts=residual,
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        ),
-    }
-    if sp:
-        root_plan["norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, root_plan)
+    spec = spec or spec_of(model)
+    if spec.tp is None:
+        raise ValueError(f"model family {spec.family}: no tensor-parallel plan")
+    residual = Shard(1) if sequence_parallel else Replicate()
+    layouts = _Layouts(tp_mesh, residual, sequence_parallel, loss_parallel)
+    for name, style in spec.tp.root.items():
+        layouts.apply(model, name, style)
+    for _, block in spec.block_items(model):
+        for name, style in spec.tp.block.items():
+            layouts.apply(block, name, style, plan=spec.tp.block)
+    for module in layouts.replicated:
+        _replicate(module, tp_mesh)
 
-    for block in model.layers.values():
-        attn, ffn = block.attention, block.feed_forward
-        plan = {
-            "attention": _prepare_input(
-                [attn.wq, attn.wk, attn.wv], input_layouts=(residual, None), desired_input_layouts=(Replicate(), None)
-            ),
-            "attention.wq": _linear_style(attn.wq, "col"),
-            "attention.wk": _linear_style(attn.wk, "col"),
-            "attention.wv": _linear_style(attn.wv, "col"),
-            "attention.wo": _linear_style(attn.wo, "row", output_layouts=residual),
-            "feed_forward": _prepare_input(
-                [ffn.w1, ffn.w3], input_layouts=(residual,), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w1": _linear_style(ffn.w1, "col"),
-            "feed_forward.w2": _linear_style(ffn.w2, "row", output_layouts=residual),
-            "feed_forward.w3": _linear_style(ffn.w3, "col"),
-        }
-        if sp:
-            plan["attention_norm"] = SequenceParallel()
-            plan["ffn_norm"] = SequenceParallel()
-        parallelize_module(block, tp_mesh, plan)
 
-    if not sp:
-        _replicate_norms(model, tp_mesh)
-    # The embedding's output feeds the first (possibly compiled) block.
-    model.tok_embeddings.register_forward_hook(_wait_async_output)
+class _Layouts:
+    """The style names of a plan as torch's parallel styles for one mesh and layout."""
+
+    def __init__(self, mesh, residual, sequence_parallel: bool, loss_parallel: bool):
+        self.mesh, self.residual, self.sp, self.loss_parallel = mesh, residual, sequence_parallel, loss_parallel
+        self.replicated: list[nn.Module] = []  # parameters replicated, plain tensors in and out (applied last)
+
+    def apply(self, parent: nn.Module, name: str, style: str, plan=None) -> None:
+        module = parent.get_submodule(name)
+        logits = Shard(-1) if self.loss_parallel else Replicate()
+        if style == "norm" and not self.sp or style == "replicate":
+            self.replicated.append(module)
+            return
+        if style == "embedding":
+            styles = [RowwiseParallel(input_layouts=Replicate(), output_layouts=self.residual)]
+        elif style == "embedding_full":
+            styles = [RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())]
+        elif style == "to_residual":
+            styles = [PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=self.residual)]
+        elif style == "output":  # torch's style even with float8 (kept in high precision)
+            styles = [ColwiseParallel(input_layouts=self.residual, output_layouts=logits,
+                                      use_local_output=not self.loss_parallel)]
+        elif style == "tied_output":  # head(h, weight): h gathered, the vocabulary-sharded weight as it is
+            styles = [PrepareModuleInput(input_layouts=(self.residual, None), desired_input_layouts=(Replicate(), None),
+                                         use_local_output=False),
+                      PrepareModuleOutput(output_layouts=Shard(-1), desired_output_layouts=logits,
+                                          use_local_output=not self.loss_parallel)]
+        elif style == "norm":
+            styles = [SequenceParallel()]
+        elif style == "gather_input":
+            consumers = [parent.get_submodule(n) for n, s in plan.items() if s == "colwise" and n.startswith(name + ".")]
+            rest = (None,) * (_positional_args(module) - 1)
+            styles = [_prepare_input(consumers, input_layouts=(self.residual, *rest),
+                                     desired_input_layouts=(Replicate(), *rest))]
+        elif style == "colwise":
+            styles = [_linear_style(module, "col")]
+        else:  # rowwise
+            styles = [_linear_style(module, "row", output_layouts=self.residual)]
+        for one in styles:
+            parallelize_module(module, self.mesh, one)
+        if style in ("embedding", "to_residual"):
+            # its output feeds the first (possibly compiled) block
+            module.register_forward_hook(_wait_async_output)
+
+
+def _positional_args(module: nn.Module) -> int:
+    """How many positional arguments ``module.forward`` takes (the layouts name each)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds for p in inspect.signature(module.forward).parameters.values())
 
 
 def _wait_async_output(module, inputs, output):
@@ -115,11 +146,10 @@ def _wait_async_output(module, inputs, output):
     return output.clone() if isinstance(output, AsyncCollectiveTensor) else output
 
 
-def _replicate_norms(model: nn.Module, tp_mesh) -> None:
-    """Without sequence parallelism the norms see full (replicated) activations. Their
-    weights become ``Replicate()`` DTensors anyway, with plain-tensor inputs/outputs,
-    so that every parameter lives on the TP mesh (one mesh for FSDP and for the global
-    gradient norm)."""
+def _replicate(module: nn.Module, tp_mesh) -> None:
+    """Parameters as ``Replicate()`` DTensors with plain-tensor inputs/outputs: norms without
+    sequence parallelism (they see full activations), position tables. So every parameter lives
+    on the TP mesh (one mesh for FSDP and for the global gradient norm)."""
     from torch.distributed.tensor import distribute_module
 
     def to_local_output(mod, outputs, device_mesh):
@@ -133,6 +163,4 @@ def _replicate_norms(model: nn.Module, tp_mesh) -> None:
             for x in inputs
         )
 
-    norms = [model.norm] + [m for block in model.layers.values() for m in (block.attention_norm, block.ffn_norm)]
-    for norm in norms:
-        distribute_module(norm, tp_mesh, input_fn=to_replicate_input, output_fn=to_local_output)
+    distribute_module(module, tp_mesh, input_fn=to_replicate_input, output_fn=to_local_output)

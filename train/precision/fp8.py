@@ -98,20 +98,22 @@ def check_float8(job, dims) -> None:
         raise ConfigError(problem)
 
 
-def apply_float8(model, cfg, device, dims, emulate: bool = False):
+def apply_float8(model, cfg, device, dims, emulate: bool = False, high_precision: tuple[str, ...] = ("output",)):
     """Swap the block linears of ``model`` (meta device is fine) for FP8 ones. ``dims``:
-    the run's :class:`~train.parallel.dims.ParallelDims` (TP degree, FSDP sharding)."""
+    the run's :class:`~train.parallel.dims.ParallelDims` (TP degree, FSDP sharding);
+    ``high_precision``: linears left alone (the model spec's, e.g. the output projection)."""
     if cfg.backend == "none":
         return model
     if cfg.backend == "torchao":
         from train.precision import fp8_torchao
 
         all_gather = cfg.fsdp_float8_all_gather and dims.fsdp_enabled and dims.dp_shard_enabled
-        return fp8_torchao.convert(model, cfg.resolved_recipe, dims.tp, all_gather, emulate=emulate)
+        return fp8_torchao.convert(model, cfg.resolved_recipe, dims.tp, all_gather, emulate=emulate,
+                                   keep=high_precision)
     if cfg.backend == "te":
         from train.precision import fp8_te
 
-        return fp8_te.convert(model)
+        return fp8_te.convert(model, high_precision)
     raise ValueError(f"fp8.backend: unknown backend {cfg.backend!r}")
 
 

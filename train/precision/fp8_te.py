@@ -51,9 +51,10 @@ def _te_linear(linear: nn.Linear, device) -> nn.Module:
     )
 
 
-def convert(model: nn.Module) -> nn.Module:
-    """Swap eligible ``nn.Linear`` layers for ``te.Linear`` in place; returns ``model``."""
-    keep = module_filter(16)
+def convert(model: nn.Module, high_precision: tuple[str, ...] = ("output",)) -> nn.Module:
+    """Swap eligible ``nn.Linear`` layers for ``te.Linear`` in place (``high_precision``: the
+    names left alone); returns ``model``."""
+    keep = module_filter(16, keep=high_precision)
     for fqn, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             child_fqn = f"{fqn}.{child_name}" if fqn else child_name

@@ -12,9 +12,9 @@
   ``MXFP8_RCEIL``), which wraps the weights of the selected ``nn.Linear`` layers so
   their matmuls run as dynamically quantized MXFP8 GEMMs.
 
-The module filter keeps the output projection (``output``: large vocabulary logits are
-sensitive to quantization) and every layer whose dims are not multiples of 16 (32 for
-MXFP8 blocks; times the TP degree, since shards must satisfy it too) in high precision.
+The module filter keeps the output projection (the model spec's ``high_precision``, Llama's
+``output``: large vocabulary logits are sensitive to quantization) and every layer whose
+dims are not multiples of 16 (32 for MXFP8 blocks; times the TP degree, since shards must satisfy it too) in high precision.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from torch import nn
 KEEP_HIGH_PRECISION = ("output",)
 
 
-def module_filter(multiple: int = 16, tp: int = 1):
-    """``filter(module, fqn) -> bool``: True for the linears to convert."""
+def module_filter(multiple: int = 16, tp: int = 1, keep: tuple[str, ...] = KEEP_HIGH_PRECISION):
+    """``filter(module, fqn) -> bool``: True for the linears to convert; ``keep``: the names of
+    linears left in high precision (the model spec's ``high_precision``)."""
     step = multiple * tp
 
     def keep_fp8(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear) or fqn in KEEP_HIGH_PRECISION:
+        if not isinstance(module, nn.Linear) or fqn in keep:
             return False
         return module.in_features % step == 0 and module.out_features % step == 0
 
@@ -51,14 +52,14 @@ def float8_config(recipe: str, fsdp_float8_all_gather: bool = False, emulate: bo
 
 
 def convert(model: nn.Module, recipe: str, tp: int = 1, fsdp_float8_all_gather: bool = False,
-            emulate: bool = False) -> nn.Module:
+            emulate: bool = False, keep: tuple[str, ...] = KEEP_HIGH_PRECISION) -> nn.Module:
     """Convert ``model`` in place (works on the meta device); returns it."""
     if recipe == "mxfp8":
         return _convert_mxfp8(model, tp)
     from torchao.float8 import convert_to_float8_training
 
     return convert_to_float8_training(
-        model, module_filter_fn=module_filter(16, tp),
+        model, module_filter_fn=module_filter(16, tp, keep),
         config=float8_config(recipe, fsdp_float8_all_gather, emulate),
     )
 
@@ -71,7 +72,7 @@ def _convert_mxfp8(model: nn.Module, tp: int) -> nn.Module:
     from torchao.quantization import quantize_
 
     config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_RCEIL)
-    quantize_(model, config, filter_fn=module_filter(32, tp))
+    quantize_(model, config, filter_fn=module_filter(32, tp, keep))
     return model
 
 
