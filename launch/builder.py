@@ -6,11 +6,11 @@ import re
 from dataclasses import dataclass
 
 from core import catalog, limits
+from core.safety import canonical_path
 from launch import defaults
 from launch.commandline import PREFLIGHT_PORT_OFFSET
 from launch.entrypoint import parse_entrypoint
 from launch.images import parse_image, parse_registry, registry_host
-from core.safety import canonical_path
 from launch.spec import (
     JobSpec,
     NetworkOverrides,

@@ -14,10 +14,10 @@ from pathlib import Path
 import click
 
 from core import limits
-from launch import defaults
-from core.errors import InputError, SpecError
 from core.clicktypes import LocalPath, StrictFloat, StrictInt, harden_click
+from core.errors import InputError, SpecError
 from core.safety import one_line
+from launch import defaults
 
 PROG = "launch"
 LAUNCH_DIR = Path(__file__).resolve().parent
@@ -139,12 +139,12 @@ def _prepare(options: dict, backend=None, opts=None):
     """What every backend renders (``backends.base.Job``: spec, environment, command line),
     warnings printed; errors surface as SpecError. ``backend`` (a ``registry.Backend``): refuse
     the names its runtime owns, and -o never goes inside its ``--venv``."""
+    import os
+
     from core import catalog
     from launch import builder, envplan, output
     from launch.backends.base import Job
     from launch.envnames import check_not_owned
-
-    import os
 
     venv = backend.venv(opts) if backend else None
     from_env: tuple[str, ...] = ()

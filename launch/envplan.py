@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launch.envnames import check_env_name
 from core.errors import SpecError
+from launch.envnames import check_env_name
 from launch.spec import JobSpec, check_exec_string, reject_nul
 
 NVLS_VARIABLE = "NCCL_NVLS_ENABLE"

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from decimal import ROUND_DOWN, Decimal, localcontext
 from typing import TYPE_CHECKING
 
-from launch import defaults
-from launch.envnames import check_env_name, check_unique_env
 from core.errors import SpecError
 from core.homepath import refuse_home
 from core.safety import NAME_MAX, canonical_path, control_chars, excerpt, longest_name, reserved_path, within
+from launch import defaults
+from launch.envnames import check_env_name, check_unique_env
 
 if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the builder
     from core.catalog import Fabric, Profile

@@ -27,6 +27,7 @@ import ast
 import re
 
 import pytest
+
 from testlib import ROOT, load_script
 
 arch = load_script("check_architecture")

@@ -11,6 +11,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+
 from testlib import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu" / "tables.py"

@@ -70,9 +70,9 @@ def run(cmd: list[str], extra_env: dict | None = None, timeout: float = 300) -> 
 def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes with a gloo
     process group already initialised; re-raises the first failure."""
-    import torch.multiprocessing as mp
-
     import time
+
+    import torch.multiprocessing as mp
 
     port = free_port()
     ctx = mp.start_processes(_entry, args=(fn, world_size, port, args), nprocs=world_size, join=False,

@@ -10,7 +10,6 @@ dotted key, before any process group or tensor exists.
 from __future__ import annotations
 
 import dataclasses
-import os
 import stat
 import types
 import typing

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
 # Environment variables naming a directory on this machine that train (or torch, for the
 # Inductor/Triton caches) writes: a leading '~' in them is expanded once, at start.
 PATH_ENV = ("XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")

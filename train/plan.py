@@ -33,7 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.doctor.memory import GiB, Plan as Layout, block_activation_bytes, estimate
+from train.doctor.memory import GiB, block_activation_bytes, estimate
+from train.doctor.memory import Plan as Layout
 from train.models.presets import ModelConfig
 from train.models.registry import param_count
 

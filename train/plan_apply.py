@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from core.runlayout import CONFIG_NAME
 from core.errors import InputError
+from core.runlayout import CONFIG_NAME
 from core.safety import load_yaml_file
 from train import distributed as tdist
 from train.compat import rms_norm_fp32_in_autocast

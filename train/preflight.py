@@ -16,12 +16,11 @@ from core.runlayout import ASIDE_PREFIX, RUN_OWNED, check_not_in_run
 from core.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
 from train.doctor.memory import floor_bytes
-from train.models.registry import param_count
 from train.errors import ConfigError
+from train.models.registry import param_count
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
 from train.precision.fp8 import check_float8
-
 
 # gradient-accumulation micro-batches per optimizer step beyond which global_batch_size is a typo
 MAX_ACCUM = 65536

@@ -16,8 +16,8 @@ from train import console
 from train import distributed as tdist
 from train.checkpoint import (
     RNG,
-    CheckpointManager,
     Checkpointer,
+    CheckpointManager,
     ComponentState,
     DataPosition,
     ModelOptimizer,

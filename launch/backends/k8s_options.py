@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import click
 
 from core.clicktypes import StrictInt
+from core.errors import SpecError
+from core.safety import excerpt
 from launch import defaults
 from launch.commandline import out_warnings
 from launch.envnames import check_env_name, check_unique_env
-from core.errors import SpecError
-from core.safety import excerpt
 from launch.spec import JobSpec, parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the pod's GPU request (limits and requests)

@@ -29,13 +29,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from core.errors import SpecError
+from core.safety import excerpt
 from launch.backends.k8s_options import GPU_RESOURCE, LABEL_VALUE, K8sOptions, parse_key_value, qualified_name
 from launch.commandline import preflight_train_args
 from launch.envnames import check_unique_env
 from launch.envplan import EnvPlan
-from core.errors import SpecError
 from launch.render import sh, shwords
-from core.safety import excerpt
 from launch.spec import JobSpec, parse_quantity
 
 GANG_TIMEOUT_S = 300

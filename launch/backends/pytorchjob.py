@@ -3,6 +3,7 @@ with a ComputeDomain where the profile needs one (see ``k8s_pod``)."""
 
 from __future__ import annotations
 
+from core.errors import SpecError
 from launch.backends.base import Job
 from launch.backends.k8s_options import K8sOptions
 from launch.backends.k8s_pod import (
@@ -18,7 +19,6 @@ from launch.backends.k8s_pod import (
 from launch.commandline import training_args
 from launch.envnames import Owned
 from launch.envplan import build_env
-from core.errors import SpecError
 from launch.render import header_lines, render
 from launch.spec import JobSpec
 

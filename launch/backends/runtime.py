@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 
+from core.errors import SpecError
 from launch.backends.base import Job
 from launch.backends.k8s_options import K8sOptions, k8s_params, k8s_warnings, parse_k8s
 from launch.backends.k8s_pod import (
@@ -24,7 +25,6 @@ from launch.backends.k8s_pod import (
 from launch.backends.registry import Backend, owners, register
 from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.envplan import build_env
-from core.errors import SpecError
 from launch.render import header_lines, render
 from launch.spec import JobSpec
 

@@ -7,6 +7,9 @@ variables such as ``"$rdzv_endpoint"``).
 
 from __future__ import annotations
 
+from core.errors import SpecError
+from core.homepath import refuse_home
+from core.safety import excerpt
 from launch.backends.base import Job
 from launch.commandline import (
     launcher_args,
@@ -14,10 +17,7 @@ from launch.commandline import (
     preflight_train_args,
     training_args,
 )
-from core.errors import SpecError
 from launch.render import Shell, group_args, header_lines
-from core.homepath import refuse_home
-from core.safety import excerpt
 from launch.spec import JobSpec, reject_control_chars, reject_long_names
 
 RDZV_ENDPOINT = Shell('"$rdzv_endpoint"')  # set by the script from --rdzv-endpoint or the node list

@@ -10,6 +10,7 @@ from decimal import Decimal
 import click
 
 from core import limits
+from core.errors import SpecError
 from launch import defaults
 from launch.backends.base import Job
 from launch.backends.registry import Backend, register
@@ -20,12 +21,11 @@ from launch.backends.shell import (
     preflight_context,
     torchrun_groups,
 )
-from core.errors import SpecError
 from launch.backends.torchrun import venv_param
 from launch.commandline import out_warnings
 from launch.envnames import TORCHRUN_OWNED, Owned
-from launch.render import Quoted, Shell, render
 from launch.images import registry_host
+from launch.render import Quoted, Shell, render
 from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job

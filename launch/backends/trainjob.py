@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.errors import SpecError
 from launch.backends.base import Job
 from launch.backends.k8s_options import K8sOptions
 from launch.backends.k8s_pod import (
@@ -24,7 +25,6 @@ from launch.backends.k8s_pod import (
 )
 from launch.backends.runtime import TRAINER_CONTAINER, runtime_pod
 from launch.commandline import training_args
-from core.errors import SpecError
 from launch.render import header_lines, render
 from launch.spec import JobSpec
 

@@ -7,7 +7,6 @@ Tests under tests/cluster carry the ``cluster`` marker and run only when selecte
 from __future__ import annotations
 
 import pytest
-
 from cluster.harness import Cluster, cleanup_leftovers, skip_reason
 
 

@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from cluster.harness import Cluster, kill_tree, leftovers, skip_reason
 
 pytestmark = pytest.mark.cluster

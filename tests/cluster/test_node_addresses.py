@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import pytest
-
 from cluster.harness import Cluster, kill_tree, skip_reason
 from cluster.jobs import job_env, metrics, render, world_sizes
 

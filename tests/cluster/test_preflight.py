@@ -14,7 +14,6 @@ import subprocess
 import time
 
 import pytest
-
 from cluster.harness import kill_tree
 from cluster.jobs import job_env, metrics, render
 
@@ -97,7 +96,6 @@ def test_slurm_job_with_preflight_stops_before_training_naming_the_node(cluster,
     from pathlib import Path
 
     import yaml
-
     from cluster.jobs import REPO
     from cluster.slurm import Slurm, slurm_missing
 

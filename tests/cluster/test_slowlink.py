@@ -18,7 +18,6 @@ import subprocess
 import sys
 
 import pytest
-
 from cluster.harness import kill_tree, netem_reason
 from cluster.jobs import REPO, job_env
 

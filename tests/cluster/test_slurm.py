@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from cluster.jobs import REPO, job_env, load_checkpoint_check, metrics, render, wait_for, world_sizes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]

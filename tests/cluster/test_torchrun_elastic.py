@@ -9,7 +9,6 @@ import subprocess
 import threading
 
 import pytest
-
 from cluster.harness import kill_tree
 from cluster.jobs import checkpoints, job_env, load_checkpoint_check, metrics, render, wait_for, world_sizes
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from cluster.harness import kill_tree
 from cluster.jobs import job_env, load_checkpoint_check, metrics, render, world_sizes
 

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from train.bench import advice
-from train.errors import ConfigError
 from train.config import load_config
+from train.errors import ConfigError
 
 
 def test_rho_matches_the_measured_socket_link():

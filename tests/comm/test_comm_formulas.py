@@ -2,12 +2,12 @@
 
 import pytest
 
+from train.bench.bandwidth import OPS, algbw, bus_factor, busbw
 from train.bench.comm_args import parse_size, size_range
 from train.bench.compression import timing_window, variant_overrides
-from train.bench.bandwidth import OPS, algbw, bus_factor, busbw
 from train.bench.links import LINKS, emulate_link
-from train.errors import ConfigError
 from train.config import load_config
+from train.errors import ConfigError
 
 
 @pytest.mark.parametrize("n,ar,gather", [(2, 1.0, 0.5), (4, 1.5, 0.75), (8, 1.75, 0.875)])

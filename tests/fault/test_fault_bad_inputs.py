@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from bad_input_bench_cases import BENCH_CASES
-from bad_input_env_cases import ENV_CASES
 from bad_input_cases import TINY, TRAIN_CASES
+from bad_input_env_cases import ENV_CASES
 from bad_input_fixtures import CASE_TIMEOUT_S, deadline, fixtures, resolve, snapshot
 from bad_input_launch_cases import LAUNCH_CASES
 from bad_input_size_cases import SIZE_CASES

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from testlib import ROOT, SMALL_RUN, load_dcp, train_cli
-from train.errors import CheckpointError
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state, verify
 from train.config import ModelConfig
 from train.distributed import DistInfo
+from train.errors import CheckpointError
 from train.models.llama import Transformer
 
 SMALL = SMALL_RUN + ["--set", "metrics.progress=false"]

@@ -19,8 +19,8 @@ from pathlib import Path
 import click
 import pytest
 
-from launch.cli import cli as launch_cli
 from core.clicktypes import CleanPath, LocalPath
+from launch.cli import cli as launch_cli
 from testlib import train_cli
 from train.cli import main as train_main
 from train.config import ConfigError, load_config

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from testlib import SMALL_RUN, train_cli
-from train.checkpoint import safe_load as dcp_safe
 from train.checkpoint import CheckpointManager
+from train.checkpoint import safe_load as dcp_safe
 from train.config import ModelConfig
 from train.distributed import DistInfo
 from train.errors import CheckpointError

@@ -10,6 +10,10 @@ import json
 import kubernetes_validate
 import kubernetes_validate.utils
 import yaml
+from kubeflow.trainer.backends.kubernetes import utils as sdk_utils
+from kubeflow.training import ApiClient
+from kubeflow_trainer_api import models as trainer_models
+
 from k8s_apiserver import admit, load_crd
 from k8s_operators import (
     jobset_webhook,
@@ -18,10 +22,6 @@ from k8s_operators import (
     trainer_jobset,
     trainjob_webhook_errors,
 )
-from kubeflow.trainer.backends.kubernetes import utils as sdk_utils
-from kubeflow.training import ApiClient
-from kubeflow_trainer_api import models as trainer_models
-
 from launch_testlib import REPO, render
 
 # kubernetes-validate re-reads its (large) schema files on every call; the schemas are

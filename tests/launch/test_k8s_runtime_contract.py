@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_operators import pytorchjob_injected_env, trainer_jobset, trainer_pod_env
 
+from k8s_operators import pytorchjob_injected_env, trainer_jobset, trainer_pod_env
 from launch_testlib import REPO
 from testlib import free_port
 

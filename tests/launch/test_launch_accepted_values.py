@@ -4,6 +4,7 @@ values reach the render byte for byte, invalid ones are one line and exit 2."""
 from __future__ import annotations
 
 import pytest
+
 from launch_testlib import render, run_inproc
 
 VALID = [

@@ -7,6 +7,7 @@ outlives the container. Bare-metal torchrun and Slurm leave the arguments alone.
 from __future__ import annotations
 
 import pytest
+
 from k8s_checks import render_docs
 from launch_testlib import render, run_inproc
 

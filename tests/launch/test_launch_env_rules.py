@@ -9,6 +9,9 @@ import jsonschema
 import pytest
 import yaml
 
+from core import catalog
+from core.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
+from launch import envnames
 from launch_testlib import (
     DOCUMENTED_NCCL,
     REPO,
@@ -19,10 +22,6 @@ from launch_testlib import (
     render,
     run_inproc,
 )
-
-from core import catalog
-from launch import envnames
-from core.schema import FABRIC_SCHEMA, PROFILE_SCHEMA
 
 PACKAGE = REPO / "core"  # the hardware catalog: profiles and fabrics
 REQUIRED_PROFILES = {"h100", "h200", "b200", "gb200", "rtx-pro-6000", "generic"}

@@ -44,8 +44,8 @@ def test_profile_env_names_with_a_final_newline_are_refused(tmp_path, key):
 
 
 def test_check_safe_rechecks_every_name():
-    from launch.envplan import EnvVar, check_safe
     from core.errors import SpecError
+    from launch.envplan import EnvVar, check_safe
 
     for name in ("GOOD\n", "A B", "LAUNCH_X", "BASH_ENV", ""):
         with pytest.raises(SpecError):

@@ -20,9 +20,9 @@ from __future__ import annotations
 import shlex
 
 import pytest
+
 from k8s_apiserver import admit, load_crd
 from k8s_checks import COMMITTED, CRDS, check_manifests, committed_runtimes, manifest_docs, one_kind, render_docs
-
 from launch_testlib import REPO, backend_argv, job_shapes, render
 from testlib import load_script
 

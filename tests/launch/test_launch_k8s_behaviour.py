@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+
 from k8s_checks import check_manifests, one_kind, render_docs
 from k8s_operators import (
     jobset_webhook,
@@ -17,7 +18,6 @@ from k8s_operators import (
     trainer_jobset,
     trainjob_webhook_errors,
 )
-
 from launch_testlib import hostile_values, render, run_inproc
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,6 +8,7 @@ import re
 import subprocess
 
 import pytest
+
 from launch_testlib import render
 
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}

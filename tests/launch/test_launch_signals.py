@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from launch_testlib import REPO, render
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from launch_testlib import render, run_inproc
 
 from launch.backends.slurm import slurm_memory
+from launch_testlib import render, run_inproc
 
 
 def _directives(argv):

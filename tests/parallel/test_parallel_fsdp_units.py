@@ -7,7 +7,6 @@ gradients these runs produce equal DDP's (tests/parallel/test_parallel_equivalen
 from __future__ import annotations
 
 import pytest
-import torch
 
 from testlib import FSDP, gloo_runs, load_job, rank0_result
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from testlib import GPU_RUN, run_losses, assert_learns, sets, torchrun, train_cli
+from testlib import GPU_RUN, assert_learns, run_losses, sets, torchrun, train_cli
 
 STRATEGIES = {
     "ddp": [],

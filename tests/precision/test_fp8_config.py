@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from testlib import train_cli
-from train.errors import ConfigError
 from train.config import load_config
+from train.errors import ConfigError
 from train.precision.fp8 import float8_problem
 
 

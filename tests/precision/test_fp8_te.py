@@ -9,7 +9,6 @@ import importlib.util
 
 import pytest
 import torch
-from torch import nn
 
 from testlib import BASE, FP8_SMALL, GPU_RUN, assert_learns, train_cli
 

@@ -141,11 +141,10 @@ def test_gpu_torchao_fp8_trains_and_layers_are_float8(tmp_path, recipe):
         pytest.skip(f"FP8 needs sm_89+, this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
     from torchao.float8.float8_linear import Float8Linear
 
+    from train.config import load_config
     from train.distributed import DistInfo
     from train.models.llama import Output
     from train.trainer import Trainer
-
-    from train.config import load_config
 
     job = load_config("debug", ["fp8.backend=torchao", f"fp8.recipe={recipe}", "train.steps=2",
                                 "data.source=synthetic", "checkpoint.final=false", "metrics.progress=false"])

@@ -3,8 +3,8 @@ import dataclasses
 import pytest
 
 from testlib import train_cli
-from train.errors import ConfigError
 from train.config import load_config, parse_overrides
+from train.errors import ConfigError
 from train.models.presets import MODEL_PRESETS
 from train.parallel.dims import ParallelDims
 from train.preflight import check_job

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from train.config import load_config
-from train.errors import DataError
 from train.data import ShardInfo, build_loader, write_token_file
+from train.errors import DataError
 
 
 def _loader(rank, world, **kw):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from testlib import NO_CXX, TRAJECTORY_STRATEGIES, assert_same_trajectory, cxx_compiler, rank0_result
 
 import train.loss as loss_mod
+from testlib import NO_CXX, TRAJECTORY_STRATEGIES, assert_same_trajectory, cxx_compiler, rank0_result
 from train.config import load_config
 from train.errors import ConfigError
 from train.loss import IGNORE_INDEX, ChunkedLossHead, cross_entropy

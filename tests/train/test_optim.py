@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from testlib import BASE, TRAJECTORY_STRATEGIES, assert_same_trajectory, rank0_result
 
+from testlib import BASE, TRAJECTORY_STRATEGIES, assert_same_trajectory, rank0_result
 from train.optim import clip_divisor
 
 

@@ -18,9 +18,9 @@ datasets = pytest.importorskip("datasets", reason="the data extra is not install
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 from testlib import one_error_line, torchrun, train_cli  # noqa: E402
-from train.prepare import run as prep  # noqa: E402
 from train.data import open_token_file  # noqa: E402
 from train.metrics import read_metrics  # noqa: E402
+from train.prepare import run as prep  # noqa: E402
 
 VOCAB = 512
 

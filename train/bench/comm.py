@@ -30,8 +30,8 @@ from pathlib import Path
 import click
 
 from core.safety import parse_json
-from train.bench.comm_args import DTYPES, check_args, human, torch_dtype
 from train.bench.bandwidth import OPS
+from train.bench.comm_args import DTYPES, check_args, human, torch_dtype
 
 
 @click.command("comm")
@@ -137,8 +137,8 @@ def _latency(info, args, timer, out_dir, name, meta) -> None:
 def _write_sweep(rows, p2p_rows, ref, meta, timer, emulate_link, out_dir, name) -> None:
     from train.bench.comm_charts import chart_p2p, chart_sweep
     from train.bench.comm_sweep import p2p_time_column, sweep_columns
-    from train.bench.report import environment_meta, write_report
     from train.bench.links import nccl_environment
+    from train.bench.report import environment_meta, write_report
 
     meta = {**environment_meta(), **meta, "emulate_link": emulate_link or "none",
             "nccl_env": nccl_environment() or "defaults"}

@@ -61,10 +61,9 @@ def _choice(key: str, value: str, valid) -> str:
 def expand(grid: dict) -> list[dict]:
     """The cartesian product of one grid's comma lists, as point dicts; every value is
     checked here (before any process group), every point's job config validated."""
+    from train.bench.report import comma_list, refuse_set_keys
     from train.config import load_config
     from train.models.presets import MODEL_PRESETS
-
-    from train.bench.report import comma_list, refuse_set_keys
 
     try:
         lists = [comma_list(grid[k], f"--{k}") for k in GRID_KEYS]

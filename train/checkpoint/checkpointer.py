@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from train import distributed as tdist
 from train.checkpoint.manager import CheckpointManager
-from train.errors import CheckpointError, NonFiniteLossError
 from train.checkpoint.state import ModelOptimizer, Progress, load_per_rank_state, per_rank_state
+from train.errors import CheckpointError, NonFiniteLossError
 from train.trace import phase
 
 log = logging.getLogger(__name__)

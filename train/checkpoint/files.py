@@ -16,7 +16,6 @@ from core.errors import InputError
 from core.safety import excerpt, file_kind, parse_json
 from train.checkpoint import safe_load
 
-
 _STEP = r"step_(\d{8})"
 STEP_RE = re.compile(rf"^{_STEP}$")
 STEP_SUFFIX_RE = re.compile(rf"{_STEP}$")  # also the temporary directory of a save (.tmp-step_N)

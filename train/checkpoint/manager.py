@@ -65,8 +65,8 @@ from core.safety import (
     check_output_target,
     parse_json,
 )
-from train.checkpoint import safe_load
 from train import distributed as tdist
+from train.checkpoint import safe_load
 from train.checkpoint.files import (
     STEP_RE,
     describe_failure,
@@ -76,8 +76,8 @@ from train.checkpoint.files import (
     unreadable_metadata,
     verify,
 )
-from train.errors import CheckpointError
 from train.checkpoint.state import ModelOptimizer
+from train.errors import CheckpointError
 
 _ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 # DCP warns at every save and load of a run without a process group (one process) that it

@@ -28,7 +28,6 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from core.safety import excerpt
 
-
 # ----------------------------------------------------------------------------- checks
 # A per-rank file is read back with weights_only=True, so it holds plain values; these checks
 # make one of the wrong type or range a ValueError naming the key (``Checkpointer.resume`` turns

@@ -55,7 +55,7 @@ def convert(model: nn.Module, recipe: str, tp: int = 1, fsdp_float8_all_gather: 
             emulate: bool = False, keep: tuple[str, ...] = KEEP_HIGH_PRECISION) -> nn.Module:
     """Convert ``model`` in place (works on the meta device); returns it."""
     if recipe == "mxfp8":
-        return _convert_mxfp8(model, tp)
+        return _convert_mxfp8(model, tp, keep)
     from torchao.float8 import convert_to_float8_training
 
     return convert_to_float8_training(
@@ -64,7 +64,7 @@ def convert(model: nn.Module, recipe: str, tp: int = 1, fsdp_float8_all_gather: 
     )
 
 
-def _convert_mxfp8(model: nn.Module, tp: int) -> nn.Module:
+def _convert_mxfp8(model: nn.Module, tp: int, keep: tuple[str, ...]) -> nn.Module:
     from torchao.prototype.moe_training.config import (
         MXFP8TrainingOpConfig,
         MXFP8TrainingRecipe,
