@@ -41,8 +41,6 @@ PAGE_TIMEOUT_S = 600  # a hang guard; the pages' commands take seconds each
 # and `make demo` in a runnable block would recurse or install; some run for minutes), so
 # each shows as XFAIL. Empty this list as the rewritten pages land.
 PENDING_REWRITE: dict[str, str] = {
-    "README.md": "untagged fences and an indented code block; `make test`/`make demo`, `make build-image` "
-                 "and synopsis lines (`tiny|debug|...`) in runnable blocks",
     "docs/communication.md": "`torchrun --nnodes 2 ...` placeholders; 350m trainings without --steps; GPU-only runs "
                              "and scripts without render markers",
     "docs/launch.md": "`launch run` trains 250 steps; `.venv/bin/python -m pytest tests/launch` and "
@@ -63,7 +61,7 @@ def _workdir(tmp: Path) -> Path:
     work = tmp / "work"
     work.mkdir()
     for entry in ROOT.iterdir():
-        if entry.name not in {".git", ".venv", "runs"}:
+        if entry.name not in {".git", "runs"}:  # .venv too: `source .venv/bin/activate` as the README says
             (work / entry.name).symlink_to(entry)
     return work
 
