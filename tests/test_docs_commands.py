@@ -43,10 +43,6 @@ PAGE_TIMEOUT_S = 600  # a hang guard; the pages' commands take seconds each
 PENDING_REWRITE: dict[str, str] = {
     "README.md": "untagged fences and an indented code block; `make test`/`make demo`, `make build-image` "
                  "and synopsis lines (`tiny|debug|...`) in runnable blocks",
-    "docs/communication.md": "`torchrun --nnodes 2 ...` placeholders; 350m trainings without --steps; GPU-only runs "
-                             "and scripts without render markers",
-    "docs/launch.md": "`launch run` trains 250 steps; `.venv/bin/python -m pytest tests/launch` and "
-                      "`scripts/render_examples.py` (rewrites k8s/ in the checkout) in a runnable block",
 }
 
 
