@@ -19,3 +19,12 @@ def run_copy(_finished_run, tmp_path):
     """A finished 2-step run of testlib.QUIET_RUN (checkpoint step_00000002), a fresh copy for every test."""
     shutil.copytree(_finished_run, tmp_path / "run", symlinks=True)
     return tmp_path / "run"
+
+
+@pytest.fixture(autouse=True)
+def _registry():
+    """The launch cases render for a registry (as after `make push REGISTRY=...`), so that each case
+    meets the check it is about rather than the short-image-name rule of the cluster backends."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REGISTRY", "registry.example.invalid/ml")
+        yield

@@ -164,9 +164,38 @@ def stub_env(bindir: Path, home: Path, **extra: str) -> dict[str, str]:
     }
 
 
+# The scripts look up this node's address towards the rendezvous host (getent, ip route get):
+# here every host is this machine, so no script waits for an endpoint that never answers.
+ADDRESS_STUBS = {
+    "getent": """
+        import sys
+        print(f"127.0.0.1       STREAM {sys.argv[-1]}")
+    """,
+    "ip": """
+        import sys
+        args = [a for a in sys.argv[1:] if a != "-o"]
+        if args[:2] == ["route", "get"]:
+            print(f"local {args[2]} dev lo table local src {args[2]} uid 0")
+        elif args[:2] == ["addr", "show"]:
+            print("1: lo    inet 127.0.0.1/8 scope host lo")
+        else:
+            sys.exit(f"ip stub: {sys.argv[1:]}")
+    """,
+}
+
+
+def write_address_stubs(bindir: Path) -> None:
+    for name, body in ADDRESS_STUBS.items():
+        path = bindir / name
+        path.write_text(f"#!{PY}\n" + textwrap.dedent(body).lstrip())
+        path.chmod(0o755)
+
+
 def write_stubs(bindir: Path, record: Path) -> None:
-    """torchrun / srun / scontrol / docker stand-ins that record what they receive."""
+    """torchrun / srun / scontrol / docker stand-ins that record what they receive, and the
+    address look-ups (:data:`ADDRESS_STUBS`)."""
     bindir.mkdir(parents=True, exist_ok=True)
+    write_address_stubs(bindir)
     stubs = {
         "torchrun": f"""
             import json, os, sys

@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launch_testlib import PY, REPO, SHELLCHECK, read_record, render, run_cli, stub_env, write_stubs
+from launch_testlib import (
+    PY,
+    REPO,
+    SHELLCHECK,
+    read_record,
+    render,
+    run_cli,
+    stub_env,
+    write_address_stubs,
+    write_stubs,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -58,6 +68,7 @@ def test_a_hostile_rendezvous_endpoint_stops_the_script_before_any_arithmetic(st
 def test_good_endpoints_give_the_preflight_port_plus_one(tmp_path, endpoint, expect):
     bindir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
     bindir.mkdir()
+    write_address_stubs(bindir)
     (bindir / "torchrun").write_text(f"#!{PY}\nimport json, sys\nopen({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
     (bindir / "torchrun").chmod(0o755)
     env = {**stub_env(bindir, tmp_path), "LAUNCH_RDZV_ENDPOINT": endpoint}
@@ -109,6 +120,9 @@ def test_k8s_preflight_checks_the_operators_values(tmp_path, name, value):
 ARITHMETIC_NAMES = {
     "SECONDS", "preflight_start", "preflight_port", "restart_count", "BASH_REMATCH", "launch_status", "again",
     "hard_nproc", "pid_max", "capeff", "ign", "cgt", "limited", "created", "EUID", "port",
+    # slurm.sbatch.j2: SLURM_CPUS_* digits-checked into task_cpus/count; _node_addr.j2: LAUNCH_RDZV_WAIT_S
+    # digits-checked into wait_s, deadline = SECONDS + wait_s
+    "task_cpus", "count", "wait_s", "deadline",
 }
 
 
@@ -179,6 +193,7 @@ def test_docker_chowns_only_a_directory_it_created(stubs):
 def test_run_passes_a_script_over_128k_not_on_stdin(tmp_path):
     bindir, log = tmp_path / "bin", tmp_path / "torchrun.json"
     bindir.mkdir()
+    write_address_stubs(bindir)
     (bindir / "torchrun").write_text(f"#!{PY}\n" + textwrap.dedent(f"""
         import json, os, sys
         fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))

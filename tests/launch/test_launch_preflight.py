@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import yaml
 
-from launch_testlib import PY, SHELLCHECK, fabrics, render, run_cli
+from launch_testlib import PY, SHELLCHECK, fabrics, render, run_cli, write_address_stubs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,6 +49,7 @@ def test_shell_backends_run_the_preflight_before_training(backend, nodes, tmp_pa
 
 def _stub_torchrun(bindir, log):
     bindir.mkdir()
+    write_address_stubs(bindir)
     stub = bindir / "torchrun"
     stub.write_text(f"#!{PY}\n" + textwrap.dedent(f"""
         import json, os, sys

@@ -19,14 +19,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from launch_testlib import PY, SHELLCHECK, run_inproc, stub_env
+from launch_testlib import PY, SHELLCHECK, run_inproc, stub_env, write_address_stubs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -177,8 +176,6 @@ STUBS = {
     "srun": "import json, os, sys\nopen(os.environ['REC'] + '.srun', 'w').write(json.dumps(sys.argv[1:]))\n"
             "args = sys.argv[1:]\nwhile args and args[0] not in ('torchrun', 'bash'): args.pop(0)\nos.execvp(args[0], args)\n",
     "scontrol": "print('node-a')\nprint('node-b')\n",
-    # every rendezvous host resolves to this machine (the scripts look its address up)
-    "getent": "import sys\nprint(f'127.0.0.1       STREAM {sys.argv[-1]}')\n",
 }
 
 
@@ -190,6 +187,7 @@ def sandbox(tmp_path):
         path = bindir / name
         path.write_text(f"#!{PY}\n{body}")
         path.chmod(0o755)
+    write_address_stubs(bindir)
     return tmp_path, stub_env(bindir, tmp_path)
 
 

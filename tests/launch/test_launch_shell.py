@@ -176,8 +176,10 @@ def test_hostile_values_slurm(sandbox, pyxis):
     proc = _run(script, workdir, env)
     assert proc.returncode == 0, proc.stderr
     got = _check(record, canary, values, env_pairs, [])
-    assert got["argv"][:8] == ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                               "node-a:29400", "--rdzv-id", "4242"]
+    argv = got["argv"]
+    assert argv[:2] == ["--local-addr", "127.0.0.1"], argv  # this node's address towards node-a (stubs: here)
+    assert argv[2:10] == ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-a:29400",
+                          "--rdzv-id", "4242"], argv
     srun = read_record(record, ".srun")
     assert srun[:4] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if pyxis:
@@ -200,7 +202,8 @@ def test_slurm_directives(tmp_path):
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert directives == [
         "#SBATCH --job-name=b200-el", "#SBATCH --nodes=2-4", "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --cpus-per-task=96", "#SBATCH --gpus-per-node=8", "#SBATCH --signal=TERM@300", "#SBATCH --requeue",
+        "#SBATCH --cpus-per-task=96", "#SBATCH --exclusive", "#SBATCH --gpus-per-node=8", "#SBATCH --mem=0",
+        "#SBATCH --signal=TERM@300", "#SBATCH --requeue",
         "#SBATCH --open-mode=append", "#SBATCH --output=%x-%j.out", "#SBATCH --partition=gpu",
         "#SBATCH --account=proj", "#SBATCH --time=1-00:00:00",
     ]
