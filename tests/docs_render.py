@@ -117,6 +117,10 @@ def _train(args: list[str], world: int) -> None:
     except click.ClickException as exc:
         raise AssertionError(f"train {' '.join(args)[:120]}: {exc.format_message()}") from exc
     if ctx.info_name == "run":
+        nproc = ctx.params.get("nproc_per_node")
+        if nproc:  # `train run --nproc-per-node N [--nnodes M|MIN:MAX]`: the world it starts
+            nnodes = str(ctx.params.get("nnodes") or "1").rpartition(":")[2]
+            world = int(nproc) * int(nnodes)
         _train_run(ctx.params, world, " ".join(args)[:120])
 
 
