@@ -64,7 +64,9 @@ def default_runtime_name(spec: JobSpec, opts: K8sOptions) -> str:
     if content.get("preflight") is None:  # names stay as they were before --preflight existed
         content.pop("preflight", None)
     content["env"] = [(v.name, v.value) for v in the_pod.env]
-    content["resources"] = [(key, value) for key, value, _ in the_pod.resources]
+    content.pop("pvc_access_mode")  # a comment here; checked against each job's node count
+    content["resources"] = [(r.name, r.quantity) if r.limit else (r.name, r.quantity, "request")
+                            for r in the_pod.resources]
     content["runtime"] = {"gang": GANG_TIMEOUT_S if opts.gang else None, "restarts": opts.backoff_limit,
                           "ttl": opts.ttl_seconds, "api": "trainer.kubeflow.org/v1alpha1"}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:8]

@@ -15,7 +15,9 @@ from launch.backends.k8s_pod import (
     GANG_TIMEOUT_S,
     GPU_RESOURCE,
     Gang,
+    Resource,
     Runtime,
+    check_checkpoint_claim,
     check_manifest_size,
     check_unique_pod_env,
     compute_domain,
@@ -37,12 +39,13 @@ class TrainJobSpec:
     nproc: int
     env: tuple
     secret_env: tuple
-    resources: tuple  # (resource, quantity)
+    resources: tuple  # Resource entries: the GPUs and what --cpus / --memory override
     runtime_why: str
 
 
 def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
     refuse_preflight(spec)
+    check_checkpoint_claim(spec, opts)  # also with --runtime, where no pod is rendered here
     # JobSet's webhook: <jobset>-<replicatedJob>-<job index>-<pod index> plus the pod's
     # 5-character random suffix must be a DNS-1035 label (jobset pkg/webhooks/jobset_webhook.go)
     longest = f"{spec.name}-{TRAINER_CONTAINER}-0-{spec.nodes.max - 1}-xxxxx"
@@ -77,7 +80,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         nproc=spec.nproc_per_node,
         env=spec.env,
         secret_env=opts.secret_env,
-        resources=((GPU_RESOURCE, str(spec.nproc_per_node)), *cpu_memory(spec)),
+        resources=(Resource(GPU_RESOURCE, str(spec.nproc_per_node), None), *cpu_memory(spec, profile=False)),
         runtime_why=why,
     )
     context = {"header": header_lines(job.command, spec), "name": spec.name, "namespace": opts.namespace,

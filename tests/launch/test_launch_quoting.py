@@ -340,7 +340,7 @@ def _hostile_catalog(tmp_path: Path, canary: Path) -> tuple[Path, Path]:
         data = yaml.safe_load((REPO / "core" / kind / f"{name}.yaml").read_text())
         data["description"] = f"desc{text}"
         data["notes"] = [f"note{text}"]
-        for item in data["env"].values():
+        for item in [*data["env"].values(), *data.get("k8s", {}).get("resources", {}).values()]:
             item["why"] = f"why why why{text}"
         path = directory / f"{name}{text}\udcff.yaml"  # and a non-UTF-8 byte
         path.write_text(yaml.safe_dump(data, allow_unicode=True))
@@ -359,13 +359,14 @@ def test_hostile_profile_and_fabric_files(sandbox, backend):
     assert rc == 0, err
     if backend == "k8s":  # names and texts reach comments only: flattened, same document
         plain = run_inproc(argv[:1] + ["--profile", "h100", "--fabric", "infiniband"] + argv[5:])[1]
-        hostile_doc, plain_doc = yaml.safe_load(out), yaml.safe_load(plain)
-        # the TrainJob names its runtime <profile>-<fabric>-<hash>: from hostile file names, a
-        # name Kubernetes accepts
-        runtime = hostile_doc["spec"]["runtimeRef"].pop("name")
-        plain_doc["spec"]["runtimeRef"].pop("name")
+        hostile_docs, plain_docs = list(yaml.safe_load_all(out)), list(yaml.safe_load_all(plain))
+        assert [d["kind"] for d in hostile_docs] == ["TrainingRuntime", "TrainJob"]
+        assert hostile_docs == plain_docs
+        # a shared runtime is named <profile>-<fabric>-<hash>: from hostile file names, a name
+        # Kubernetes accepts
+        shared = argv[:1] + ["--profile", str(profile), "--fabric", str(fabric), "--nnodes", "2"]
+        runtime = yaml.safe_load(run_inproc(["k8s-runtime", *shared[1:]])[1])["metadata"]["name"]
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", runtime) and len(runtime) <= 63, runtime
-        assert hostile_doc == plain_doc
         return
     proc = subprocess.run(["bash", "-n"], input=out.encode("utf-8", "surrogateescape"), capture_output=True)
     assert proc.returncode == 0, proc.stderr
