@@ -29,6 +29,11 @@ from launch.render import header_lines, render
 from launch.spec import JobSpec
 
 TRAINER_CONTAINER = "node"  # Trainer v2: constants.Node, where the Torch plugin injects PET_*
+# The runtime's one replicatedJob (the trainer's nodes); its pods are <job>-<replicatedJob>-0-<rank>.
+# Trainer v2.4.0 refuses a runtime whose replicatedJob names exceed 20 characters (release notes,
+# "limit ReplicatedJob name length to 20 characters in runtimes"); v2.3.0 only needs a DNS-1035 label.
+REPLICATED_JOB = "node"
+REPLICATED_JOB_MAX = 20
 TRAINER_OWNED = Owned(
     "Kubeflow Trainer's Torch plugin and the Job controller (TrainJob: constants.TorchRunReservedEnvNames)",
     frozenset(("JOB_COMPLETION_INDEX",)),
@@ -111,6 +116,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         "trainingruntime.yaml.j2",
         header=header_lines(job.command, spec),
         runtime=Runtime("ClusterTrainingRuntime", opts.runtime or default_runtime_name(spec, opts)),
+        replicated_job=REPLICATED_JOB,
         gang=Gang(GANG_TIMEOUT_S) if opts.gang else None,
         opts=opts,
         namespace=None,
