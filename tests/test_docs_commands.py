@@ -37,17 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 PAGE_TIMEOUT_S = 600  # a hang guard; the pages' commands take seconds each
 
-# Pages whose commands fail as written and that are being rewritten: not run (`make test`
-# and `make demo` in a runnable block would recurse or install; some run for minutes), so
-# each shows as XFAIL. Empty this list as the rewritten pages land.
-PENDING_REWRITE: dict[str, str] = {
-    "README.md": "untagged fences and an indented code block; `make test`/`make demo`, `make build-image` "
-                 "and synopsis lines (`tiny|debug|...`) in runnable blocks",
-    "docs/communication.md": "`torchrun --nnodes 2 ...` placeholders; 350m trainings without --steps; GPU-only runs "
-                             "and scripts without render markers",
-    "docs/launch.md": "`launch run` trains 250 steps; `.venv/bin/python -m pytest tests/launch` and "
-                      "`scripts/render_examples.py` (rewrites k8s/ in the checkout) in a runnable block",
-}
+# Pages whose commands fail as written and that are being rewritten: not run, so each shows as
+# XFAIL. Empty: every page's commands run as written.
+PENDING_REWRITE: dict[str, str] = {}
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -63,7 +55,7 @@ def _workdir(tmp: Path) -> Path:
     work = tmp / "work"
     work.mkdir()
     for entry in ROOT.iterdir():
-        if entry.name not in {".git", ".venv", "runs"}:
+        if entry.name not in {".git", "runs"}:  # .venv too: `source .venv/bin/activate` as the README says
             (work / entry.name).symlink_to(entry)
     return work
 

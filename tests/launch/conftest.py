@@ -10,5 +10,8 @@ TEST_REGISTRY = "registry.example.invalid/ml"
 
 
 @pytest.fixture(autouse=True)
-def _registry(monkeypatch):
-    monkeypatch.setenv("REGISTRY", TEST_REGISTRY)
+def _registry():
+    # its own MonkeyPatch: a test's monkeypatch.undo() leaves this one in place
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REGISTRY", TEST_REGISTRY)
+        yield

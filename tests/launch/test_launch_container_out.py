@@ -17,7 +17,7 @@ CKPT = ["--checkpoint-dir", "/ckpt", "--name", "job-a"]
 def _k8s_args(api: str, extra: list[str]) -> list[str]:
     docs = render_docs(["k8s", "--api", api, "--profile", "h100", "--nnodes", "2", *CKPT, "--", *extra])
     if api == "trainjob":
-        return docs[0]["spec"]["trainer"]["args"]
+        return next(d for d in docs if d["kind"] == "TrainJob")["spec"]["trainer"]["args"]
     return docs[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
 
 

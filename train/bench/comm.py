@@ -51,7 +51,7 @@ from train.bench.comm_args import DTYPES, check_args, human, torch_dtype
 @click.option("--graph", is_flag=True,
               help="Also time each batch captured in one CUDA graph (graph_us, as nccl-tests -G; CUDA only).")
 @click.option("--p2p/--no-p2p", default=True, show_default=True, help="P2P bandwidth matrix over all pairs.")
-@click.option("--p2p-bytes", default="256M", show_default=True)
+@click.option("--p2p-bytes", default="256M", show_default=True, help="Message size of the P2P matrix.")
 @click.option("--raw/--no-raw", default=True, show_default=True,
               help="Plain-loop dist.all_reduce reference at the largest size.")
 @click.option("--emulate-link", type=click.Choice(["nvlink", "pcie", "ethernet"]), default=None,
@@ -60,7 +60,8 @@ from train.bench.comm_args import DTYPES, check_args, human, torch_dtype
               help="Small-message all-reduce latency instead of the sweep: comma list of nccl, symm_mem "
                    "(symmetric-memory one-shot and two-shot kernels; CUDA only), timed as the sweep. "
                    "See train/bench/latency.py.")
-@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default="runs/bench", show_default=True, type=click.Path(path_type=Path),
+              help="Directory of the report (NAME.json, .md, .png).")
 @click.option("--name", default=None, help="Report name (default: comm, comm_<link>, or latency with --impl).")
 @click.option("--recommend", is_flag=True,
               help="From the all_reduce busbw at the largest size: none, LocalSGD or PowerSGD (train/bench/advice.py).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from train.errors import ConfigError
 from train.models.presets import MODEL_PRESETS, ModelConfig
-from train.models.shapes import flops_per_token, param_shapes
+from train.models.shapes import flops_per_token, param_count, param_shapes
 from train.models.spec import MemoryTraits, ModelSpec, TPPlan
 
 
@@ -47,6 +47,7 @@ SPEC = ModelSpec(
     seq_len_sized=True,  # the RoPE table: only the positions used
     tp=TP,
     param_shapes=param_shapes,
+    count_params=param_count,
     memory=MemoryTraits(
         embedding="tok_embeddings.weight", norm="norm.weight", output="output.weight",
         rowwise=("attention.wo.weight", "feed_forward.w2.weight"), linear=("attention.w", "feed_forward.w"),

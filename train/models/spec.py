@@ -97,6 +97,8 @@ class ModelSpec:
     seq_len_sized: bool = False
     tp: TPPlan | None = None
     param_shapes: Callable[[ModelConfig], list] | None = None  # [(name, shape)] in named_parameters order
+    # the sum of param_shapes' sizes without listing the blocks (any n_layers, at once)
+    count_params: Callable[[ModelConfig], int] | None = None
     memory: MemoryTraits | None = None
     flops_per_token: Callable[[ModelConfig, int], float] | None = None
     validate: Callable[[ModelConfig], None] | None = None  # family rules beyond ModelConfig.validate
@@ -127,6 +129,8 @@ class ModelSpec:
 
     def param_count(self, cfg: ModelConfig) -> int | None:
         """Parameters from the config alone (None: this model does not say without being built)."""
+        if self.count_params is not None:
+            return self.count_params(cfg)
         if self.param_shapes is None:
             return None
         total = 0

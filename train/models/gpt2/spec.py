@@ -61,16 +61,25 @@ def param_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
             ("ln_f.weight", (d,)), ("ln_f.bias", (d,))]
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """6 N + 12 L d s as for Llama: N counts the blocks, the final norm and the (tied) output
-    projection's matmul, not the embedding lookups."""
-    per_block = 0
+def _block_params(cfg: ModelConfig) -> int:
+    total = 0
     for _, shape in block_shapes(cfg):
         n = 1
         for s in shape:
             n *= s
-        per_block += n
-    n = cfg.n_layers * per_block + 2 * cfg.dim + cfg.vocab_size * cfg.dim
+        total += n
+    return total
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """The sum of :func:`param_shapes`' sizes without listing the blocks (any ``n_layers``)."""
+    return cfg.vocab_size * cfg.dim + cfg.max_seq_len * cfg.dim + cfg.n_layers * _block_params(cfg) + 2 * cfg.dim
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """6 N + 12 L d s as for Llama: N counts the blocks, the final norm and the (tied) output
+    projection's matmul, not the embedding lookups."""
+    n = cfg.n_layers * _block_params(cfg) + 2 * cfg.dim + cfg.vocab_size * cfg.dim
     return 6.0 * n + 12.0 * cfg.n_layers * cfg.dim * seq_len
 
 
@@ -97,6 +106,7 @@ SPEC = ModelSpec(
     loss_head=True,
     tp=TP,
     param_shapes=param_shapes,
+    count_params=param_count,
     memory=MemoryTraits(
         embedding="embed.wte.weight", norm="ln_f.weight", output=None,
         rowwise=("attn.out_proj.weight", "mlp.proj.weight"), linear=("attn.", "mlp."),
