@@ -63,6 +63,7 @@ class Profile:
     node_selector: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
     compute_domain_env: tuple[EnvEntry, ...] = ()  # only with an IMEX domain (k8s ComputeDomain)
+    k8s_resources: tuple[tuple[str, str, str], ...] = ()  # (cpu|memory, quantity, why) per trainer pod
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,8 @@ def load_profile(name: str) -> Profile:
         node_selector=tuple(sorted(data.get("k8s", {}).get("node_selector", {}).items())),
         notes=tuple(data.get("notes", ())),
         compute_domain_env=_env_entries(data.get("compute_domain_env", {})),
+        k8s_resources=tuple((key, item["value"], " ".join(item["why"].split()))
+                            for key, item in sorted(data.get("k8s", {}).get("resources", {}).items())),
     )
 
 

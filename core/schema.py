@@ -35,6 +35,14 @@ ENV_MAP = {
     "additionalProperties": ENV_ENTRY,
 }
 
+# a Kubernetes quantity with its reason (the pod's CPU and memory request); launch checks the quantity
+K8S_QUANTITY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["value", "why"],
+    "properties": {"value": {"type": "string", "maxLength": 64}, "why": {"type": "string", "minLength": 10}},
+}
+
 NOTES = {"type": "array", "maxItems": MAX_LIST_ITEMS, "items": {"type": "string", "minLength": 1}}
 
 PROFILE_SCHEMA = {
@@ -109,6 +117,12 @@ PROFILE_SCHEMA = {
                     "type": "object",
                     "maxProperties": MAX_LIST_ITEMS,
                     "additionalProperties": {"type": "string"},
+                },
+                # per node (one trainer pod per node); --cpus / --memory override them
+                "resources": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"cpu": K8S_QUANTITY, "memory": K8S_QUANTITY},
                 },
             },
         },

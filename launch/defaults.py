@@ -26,6 +26,7 @@ SLURM_NODE_RESOURCES = "node"  # whole nodes: --exclusive --mem=0, every CPU of 
 # --------------------------------------------------------------------------- Kubernetes
 
 K8S_PVC = "checkpoints"
-K8S_SHM_SIZE = "64Gi"
+K8S_SHM_SIZE = "64Gi"  # --shm-size: the memory-backed /dev/shm of each trainer pod
+K8S_PVC_ACCESS_MODE = "ReadWriteMany"  # --pvc-access-mode: what the checkpoint claim is declared to allow
 K8S_BACKOFF_LIMIT = 3
 K8S_TTL_S = 7 * 24 * 3600

@@ -14,8 +14,9 @@ from core.safety import excerpt
 from launch import defaults
 from launch.commandline import out_warnings
 from launch.envnames import check_env_name, check_unique_env
-from launch.spec import JobSpec, parse_quantity
+from launch.spec import JobSpec, parse_quantity, quantity_value
 
+ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany", "ReadWriteOncePod")  # PersistentVolumeClaim
 GPU_RESOURCE = "nvidia.com/gpu"  # the pod's GPU request (limits and requests)
 
 SECRETISH = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE)
@@ -40,6 +41,7 @@ class SecretEnv:
 class K8sOptions:
     namespace: str | None = None
     pvc: str = defaults.K8S_PVC
+    pvc_access_mode: str = defaults.K8S_PVC_ACCESS_MODE  # the claim's access mode, as the user declares it
     shm_size: str = defaults.K8S_SHM_SIZE
     rdma_resource: tuple[str, int | None] | None = None  # override of the fabric's resource
     queue: str | None = None  # Kueue LocalQueue
@@ -143,7 +145,7 @@ def parse_secret_env(values, allow_undocumented_nccl: bool = False) -> tuple[Sec
 def parse_options(
     namespace, pvc, shm_size, rdma_resource, queue, gang, pull_secrets, node_selector,
     pod_annotations, backoff_limit, ttl_seconds, secret_env, api=None, runtime=None, compute_domain=True,
-    allow_undocumented_nccl: bool = False,
+    allow_undocumented_nccl: bool = False, pvc_access_mode: str = defaults.K8S_PVC_ACCESS_MODE,
 ) -> K8sOptions:
     if namespace is not None and (len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace)):
         raise SpecError(f"--namespace {namespace!r}: not a valid namespace name")
@@ -154,6 +156,7 @@ def parse_options(
     return K8sOptions(
         namespace=namespace,
         pvc=_dns_subdomain("--pvc", pvc),
+        pvc_access_mode=pvc_access_mode,
         shm_size=parse_quantity("--shm-size", shm_size),
         rdma_resource=parse_rdma_resource(rdma_resource),
         queue=queue,
@@ -195,8 +198,12 @@ def k8s_params() -> list:
         click.Option(["--namespace"], default=None),
         click.Option(["--pvc"], default=defaults.K8S_PVC, show_default=True,
                      help="PersistentVolumeClaim for --checkpoint-dir."),
+        click.Option(["--pvc-access-mode"], type=click.Choice(list(ACCESS_MODES)),
+                     default=defaults.K8S_PVC_ACCESS_MODE, show_default=True,
+                     help="The --pvc claim's access mode: a multi-node job needs ReadWriteMany (every node "
+                          "mounts it), the trainer a writable claim."),
         click.Option(["--shm-size"], default=defaults.K8S_SHM_SIZE, show_default=True,
-                     help="Size limit of the memory-backed /dev/shm."),
+                     help="Size limit of the memory-backed /dev/shm (counts against the pod's memory limit)."),
         click.Option(["--rdma-resource"], default=None, metavar="DOMAIN/NAME[=COUNT]",
                      help="RDMA device-plugin resource; default from the fabric."),
         click.Option(["--queue"], default=None, help="Kueue LocalQueue (label kueue.x-k8s.io/queue-name on the job)."),
@@ -227,12 +234,25 @@ def parse_k8s(extra: dict, job_options: dict) -> K8sOptions:
         extra["gang"], extra["image_pull_secret"], extra["node_selector"], extra["pod_annotation"],
         extra["backoff_limit"], extra["ttl_seconds"], extra["env_secret"], api=extra.get("api"),
         runtime=extra["runtime"], compute_domain=extra["compute_domain"],
-        allow_undocumented_nccl=job_options["allow_undocumented_nccl"],
+        allow_undocumented_nccl=job_options["allow_undocumented_nccl"], pvc_access_mode=extra["pvc_access_mode"],
     )
+
+
+def shm_warnings(spec: JobSpec, opts: K8sOptions) -> list[str]:
+    """/dev/shm is memory-backed: what is written there counts against the pod's memory limit."""
+    profile = {key: value for key, value, _ in spec.profile.k8s_resources}
+    memory = spec.resources.memory or profile.get("memory")
+    where = "--memory" if spec.resources.memory else f"profile {spec.profile.name!r} k8s.resources.memory"
+    if not memory or memory == "0" or parse_quantity(where, memory) is None:
+        return []
+    if quantity_value(memory) <= quantity_value(opts.shm_size):
+        return [f"k8s: --shm-size {opts.shm_size} is not below the pod's memory limit {memory}: /dev/shm counts "
+                "against it, so the training processes would be OOM-killed before /dev/shm fills"]
+    return []
 
 
 def k8s_warnings(job, opts: K8sOptions) -> list[str]:
     spec = job.spec
     mounts = (["k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead"]
               if spec.mounts else [])
-    return mounts + secret_warnings(spec) + out_warnings(spec, "k8s", mounts=False)
+    return mounts + shm_warnings(spec, opts) + secret_warnings(spec) + out_warnings(spec, "k8s", mounts=False)

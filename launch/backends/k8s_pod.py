@@ -55,6 +55,16 @@ class ComputeDomain:
 
 
 @dataclass(frozen=True)
+class Resource:
+    """One entry of the container's resources: always a request, and a limit where ``limit``."""
+
+    name: str
+    quantity: str
+    why: str | None  # a comment next to the entry
+    limit: bool = True
+
+
+@dataclass(frozen=True)
 class Port:
     name: str
     number: int
@@ -77,11 +87,12 @@ class Pod:
     port: Port | None
     env: tuple
     secret_env: tuple
-    resources: tuple  # (resource, quantity, why or None)
+    resources: tuple  # Resource entries
     ipc_lock: bool
     checkpoint_dir: str
     shm_size: str
     pvc: str
+    pvc_access_mode: str  # as declared with --pvc-access-mode (a comment; checked by check_checkpoint_claim)
     preflight: str | None = None  # --preflight: the container's `bash -c` wrapper (preflight_script)
 
 
@@ -147,15 +158,16 @@ def _rdma(spec: JobSpec, opts: K8sOptions) -> tuple[str, int, str] | None:
     return name, count, why
 
 
-def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_resources=(), **fields) -> Pod:
+def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, **fields) -> Pod:
     """The pod template every API shares; ``fields`` fill in what differs per API."""
+    check_checkpoint_claim(spec, opts)
     rdma = _rdma(spec, opts)
-    resources = [(GPU_RESOURCE, str(gpus), None), *((key, value, None) for key, value in extra_resources)]
+    resources = [Resource(GPU_RESOURCE, str(gpus), None), *cpu_memory(spec)]
     if rdma:
-        if rdma[0] in {key for key, _, _ in resources}:  # a map key twice: the API keeps one silently
+        if rdma[0] in {r.name for r in resources}:  # a map key twice: the API keeps one silently
             source = "--rdma-resource" if opts.rdma_resource else f"fabric {spec.fabric.name!r} k8s.rdma_resource.name"
             raise SpecError(f"{source} {excerpt(rdma[0])}: the pod requests this resource already")
-        resources.insert(1, (rdma[0], str(rdma[1]), rdma[2]))
+        resources.insert(1, Resource(rdma[0], str(rdma[1]), rdma[2]))
     domain = fields.get("compute_domain")
     values = {
         "annotations": dict(opts.pod_annotations),
@@ -173,6 +185,7 @@ def pod(spec: JobSpec, plan: EnvPlan, opts: K8sOptions, *, gpus: int, extra_reso
         "checkpoint_dir": spec.checkpoint_dir,
         "shm_size": opts.shm_size,
         "pvc": opts.pvc,
+        "pvc_access_mode": opts.pvc_access_mode,
         "selector_name": spec.name if domain else None,
     }
     values.update(fields)
@@ -197,18 +210,44 @@ def check_manifest_size(text: str) -> str:
     return text
 
 
-def cpu_memory(spec: JobSpec) -> list[tuple[str, str]]:
+CPU_WHY = ("request only: a CPU limit is a CFS quota, which throttles the data-loader and NCCL proxy "
+           "threads in bursts")
+MEMORY_WHY = "the limit equals the request: a pod above its memory request is the first evicted under pressure"
+
+
+def cpu_memory(spec: JobSpec, *, profile: bool = True) -> list[Resource]:
+    """The trainer pod's CPU request and memory request and limit: --cpus / --memory, else (with
+    ``profile``) the profile's ``k8s.resources``; without ``profile`` only what the user gave (a
+    TrainJob's resourcesPerNode, merged over its runtime's)."""
     if spec.resources.cpus is not None:
         parse_quantity("--cpus", spec.resources.cpus)
     if spec.resources.memory == "0":
         raise SpecError("--memory 0 is Slurm's 'all of the node's memory'; a Kubernetes pod needs a quantity "
                         "such as 512Gi")
+    given = {"cpu": (spec.resources.cpus, "--cpus"), "memory": (spec.resources.memory, "--memory")}
     out = []
-    if spec.resources.cpus:
-        out.append(("cpu", spec.resources.cpus))
-    if spec.resources.memory:
-        out.append(("memory", spec.resources.memory))
+    for key, value, why in (spec.profile.k8s_resources if profile else ()):
+        if given[key][0] is None:
+            where = f"profile {spec.profile.name!r} k8s.resources.{key}"
+            given[key] = (parse_quantity(where, value), f"profile {spec.profile.name}: {why}")
+    for key, (value, source) in given.items():
+        if value is not None:
+            limit = key == "memory"
+            out.append(Resource(key, value, f"{source}; {MEMORY_WHY if limit else CPU_WHY}", limit=limit))
     return out
+
+
+def check_checkpoint_claim(spec: JobSpec, opts: K8sOptions) -> None:
+    """The checkpoint claim's access mode (as the user declares it: launch does not see the claim)
+    against the job: the trainer writes to it, and every node of a multi-node job mounts it."""
+    mode, claim = opts.pvc_access_mode, opts.pvc
+    if mode == "ReadOnlyMany":
+        raise SpecError(f"--pvc-access-mode ReadOnlyMany: the trainer writes its checkpoints to claim {claim!r} "
+                        f"(--checkpoint-dir {spec.checkpoint_dir}); it needs a writable claim")
+    if spec.nodes.multi_node and mode in ("ReadWriteOnce", "ReadWriteOncePod"):
+        one = "one pod" if mode == "ReadWriteOncePod" else "one node"
+        raise SpecError(f"--pvc-access-mode {mode} with --nnodes {spec.nodes.torchrun_value}: claim {claim!r} mounts "
+                        f"on {one} only and every node of the job mounts it; use a ReadWriteMany claim")
 
 
 def check_unique_pod_env(plan: EnvPlan, opts: K8sOptions) -> None:

@@ -11,7 +11,6 @@ from launch.backends.k8s_pod import (
     check_manifest_size,
     check_unique_pod_env,
     compute_domain,
-    cpu_memory,
     job_labels,
     pod,
     preflight_script,
@@ -68,7 +67,6 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         port=Port(PORT_NAME, spec.rdzv.port),
         secret_env=opts.secret_env,
         gpus=spec.nproc_per_node,
-        extra_resources=cpu_memory(spec),
         compute_domain=domain,
     )
     return check_manifest_size(render(

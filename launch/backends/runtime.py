@@ -29,6 +29,11 @@ from launch.render import header_lines, render
 from launch.spec import JobSpec
 
 TRAINER_CONTAINER = "node"  # Trainer v2: constants.Node, where the Torch plugin injects PET_*
+# The runtime's one replicatedJob (the trainer's nodes); its pods are <job>-<replicatedJob>-0-<rank>.
+# Trainer v2.4.0 refuses a runtime whose replicatedJob names exceed 20 characters (release notes,
+# "limit ReplicatedJob name length to 20 characters in runtimes"); v2.3.0 only needs a DNS-1035 label.
+REPLICATED_JOB = "node"
+REPLICATED_JOB_MAX = 20
 TRAINER_OWNED = Owned(
     "Kubeflow Trainer's Torch plugin and the Job controller (TrainJob: constants.TorchRunReservedEnvNames)",
     frozenset(("JOB_COMPLETION_INDEX",)),
@@ -64,7 +69,9 @@ def default_runtime_name(spec: JobSpec, opts: K8sOptions) -> str:
     if content.get("preflight") is None:  # names stay as they were before --preflight existed
         content.pop("preflight", None)
     content["env"] = [(v.name, v.value) for v in the_pod.env]
-    content["resources"] = [(key, value) for key, value, _ in the_pod.resources]
+    content.pop("pvc_access_mode")  # a comment here; checked against each job's node count
+    content["resources"] = [(r.name, r.quantity) if r.limit else (r.name, r.quantity, "request")
+                            for r in the_pod.resources]
     content["runtime"] = {"gang": GANG_TIMEOUT_S if opts.gang else None, "restarts": opts.backoff_limit,
                           "ttl": opts.ttl_seconds, "api": "trainer.kubeflow.org/v1alpha1"}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -109,6 +116,7 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         "trainingruntime.yaml.j2",
         header=header_lines(job.command, spec),
         runtime=Runtime("ClusterTrainingRuntime", opts.runtime or default_runtime_name(spec, opts)),
+        replicated_job=REPLICATED_JOB,
         gang=Gang(GANG_TIMEOUT_S) if opts.gang else None,
         opts=opts,
         namespace=None,

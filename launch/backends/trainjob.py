@@ -15,7 +15,9 @@ from launch.backends.k8s_pod import (
     GANG_TIMEOUT_S,
     GPU_RESOURCE,
     Gang,
+    Resource,
     Runtime,
+    check_checkpoint_claim,
     check_manifest_size,
     check_unique_pod_env,
     compute_domain,
@@ -23,7 +25,7 @@ from launch.backends.k8s_pod import (
     job_labels,
     refuse_preflight,
 )
-from launch.backends.runtime import TRAINER_CONTAINER, runtime_pod
+from launch.backends.runtime import REPLICATED_JOB, runtime_pod
 from launch.commandline import training_args
 from launch.render import header_lines, render
 from launch.spec import JobSpec
@@ -37,15 +39,16 @@ class TrainJobSpec:
     nproc: int
     env: tuple
     secret_env: tuple
-    resources: tuple  # (resource, quantity)
+    resources: tuple  # Resource entries: the GPUs and what --cpus / --memory override
     runtime_why: str
 
 
 def _check_trainjob(spec: JobSpec, opts: K8sOptions) -> None:
     refuse_preflight(spec)
+    check_checkpoint_claim(spec, opts)  # also with --runtime, where no pod is rendered here
     # JobSet's webhook: <jobset>-<replicatedJob>-<job index>-<pod index> plus the pod's
     # 5-character random suffix must be a DNS-1035 label (jobset pkg/webhooks/jobset_webhook.go)
-    longest = f"{spec.name}-{TRAINER_CONTAINER}-0-{spec.nodes.max - 1}-xxxxx"
+    longest = f"{spec.name}-{REPLICATED_JOB}-0-{spec.nodes.max - 1}-xxxxx"
     if len(longest) > 63:
         raise SpecError(
             f"--name {spec.name!r} is too long for Kubernetes: JobSet's pod name "
@@ -77,10 +80,11 @@ def render_job(job: Job, opts: K8sOptions) -> str:
         nproc=spec.nproc_per_node,
         env=spec.env,
         secret_env=opts.secret_env,
-        resources=((GPU_RESOURCE, str(spec.nproc_per_node)), *cpu_memory(spec)),
+        resources=(Resource(GPU_RESOURCE, str(spec.nproc_per_node), None), *cpu_memory(spec, profile=False)),
         runtime_why=why,
     )
     context = {"header": header_lines(job.command, spec), "name": spec.name, "namespace": opts.namespace,
+               "replicated_job": REPLICATED_JOB,
                "job_labels": job_labels(spec, opts), "trainjob": trainjob, "runtime": runtime}
     if opts.runtime:
         return check_manifest_size(render("trainjob.yaml.j2", **context))

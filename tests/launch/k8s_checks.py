@@ -18,6 +18,7 @@ from k8s_apiserver import admit, load_crd
 from k8s_operators import (
     jobset_webhook,
     pytorchjob_webhook_errors,
+    runtime_v24_errors,
     runtime_webhook_errors,
     trainer_jobset,
     trainjob_webhook_errors,
@@ -99,6 +100,7 @@ def _check_pytorchjob(job: dict) -> None:
 def _check_runtime(runtime: dict) -> None:
     stored = _admit(runtime)
     assert not runtime_webhook_errors(stored), runtime_webhook_errors(stored)
+    assert not runtime_v24_errors(stored), runtime_v24_errors(stored)
     for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
         _validate_core("PodTemplate", _pod_template(f"{runtime['metadata']['name']}-{rjob['name']}",
                                                     rjob["template"]["spec"]["template"]))

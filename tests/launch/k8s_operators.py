@@ -145,6 +145,18 @@ def runtime_webhook_errors(runtime: dict) -> list[str]:
     return errors
 
 
+REPLICATED_JOB_MAX_V24 = 20
+
+
+def runtime_v24_errors(runtime: dict) -> list[str]:
+    """Trainer v2.4.0's new rule for TrainingRuntime and ClusterTrainingRuntime, as its release notes
+    state it (breaking change "limit ReplicatedJob name length to 20 characters in runtimes"):
+    read, not run against v2.4.0's CRDs or webhook (the stored snapshots end at v2.3.0)."""
+    return [f"replicatedJob {rjob['name']!r}: {len(rjob['name'])} characters, Trainer v2.4.0 allows "
+            f"{REPLICATED_JOB_MAX_V24}" for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+            if len(rjob["name"]) > REPLICATED_JOB_MAX_V24]
+
+
 def trainjob_webhook_errors(trainjob: dict, runtime: dict) -> list[str]:
     """``TrainJobValidator.ValidateCreate`` (pkg/webhooks/trainjob_webhook.go:110-121) with the
     plugins the torch runtime enables: Torch.Validate (plugins/torch/torch.go:56-87) and

@@ -68,7 +68,10 @@ def test_runtime_carries_profile_and_fabric_trainjob_only_per_job_things():
     assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert trainjob["spec"]["trainer"]["image"] == "reg.example.com/img:1"
     assert trainjob["spec"]["trainer"]["env"] == [{"name": "MY_FLAG", "value": "1"}]
-    assert trainjob["spec"]["trainer"]["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8", "cpu": "64"}
+    # --cpus: a request only (no CFS quota); the memory request and limit stay the runtime's (the profile's)
+    assert trainjob["spec"]["trainer"]["resourcesPerNode"] == {"limits": {"nvidia.com/gpu": "8"},
+                                                               "requests": {"nvidia.com/gpu": "8", "cpu": "64"}}
+    assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"] == "1Ti"
     check_manifests([runtime])
     check_manifests([trainjob], {runtime["metadata"]["name"]: runtime})
 
@@ -183,7 +186,9 @@ def test_k8s_options():
     assert volumes["dshm"]["emptyDir"]["sizeLimit"] == "128Gi"
     container = spec["containers"][0]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "4", "rdma/rdma_shared_device_a": "2",
-                                                 "cpu": "64", "memory": "512Gi"}
+                                                 "memory": "512Gi"}
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "4", "rdma/rdma_shared_device_a": "2",
+                                                   "cpu": "64", "memory": "512Gi"}
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-secret", "key": "token"}}}
     assert env["NCCL_MNNVL_ENABLE"]["value"] == "1"

@@ -342,7 +342,7 @@ def _hostile_catalog(tmp_path: Path, canary: Path) -> tuple[Path, Path]:
         data = yaml.safe_load((REPO / "core" / kind / f"{name}.yaml").read_text())
         data["description"] = f"desc{text}"
         data["notes"] = [f"note{text}"]
-        for item in data["env"].values():
+        for item in [*data["env"].values(), *data.get("k8s", {}).get("resources", {}).values()]:
             item["why"] = f"why why why{text}"
         path = directory / f"{name}{text}\udcff.yaml"  # and a non-UTF-8 byte
         path.write_text(yaml.safe_dump(data, allow_unicode=True))
