@@ -17,7 +17,7 @@ The rules (each one measured: docs/plan.md):
   logits fit in 1 GiB (1b, 32k vocabulary: 8192; 8b, 128k vocabulary: 2048).
 * ``parallel.ac_skip_last`` (activation checkpointing on): the last k blocks are left out of
   AC where their saved activations fit under the step's end-of-backward peak (the memory
-  model, ``train.doctor.memory``; FP8 blocks save :data:`FP8_ACTIVATION_FRACTION` of bf16's)
+  model, ``train.memory``; FP8 blocks save :data:`FP8_ACTIVATION_FRACTION` of bf16's)
   and the allocator's reserved memory stays :data:`HEADROOM_BYTES` below the card's memory.
 * FSDP2 without AC on several GPUs: the reduce-scatter on the copy engines too
   (``fsdp_symm_mem=all``, where ``auto`` would take the copy-engine all-gather), and the
@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.doctor.memory import GiB, block_activation_bytes, estimate
-from train.doctor.memory import Plan as Layout
+from train.memory import GiB, block_activation_bytes, estimate
+from train.memory import Plan as Layout
 from train.models.presets import ModelConfig
 from train.models.registry import param_count
 

@@ -15,8 +15,8 @@ from core.errors import InputError
 from core.runlayout import ASIDE_PREFIX, RUN_OWNED, check_not_in_run
 from core.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
 from train.config import JobConfig
-from train.doctor.memory import floor_bytes
 from train.errors import ConfigError
+from train.memory import floor_bytes
 from train.models.registry import param_count
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims

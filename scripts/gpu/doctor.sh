@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `train doctor` on a 2-GPU host: the setup report on a real GPU host, and the
-# memory estimator (train/doctor/memory.py) against torch.cuda.max_memory_allocated of real
+# memory estimator (train/memory.py) against torch.cuda.max_memory_allocated of real
 # training steps. Run from the repo root on a 2-GPU host (2xH200, NVLink):
 #
 #     OUT=/some/dir bash scripts/gpu/doctor.sh
@@ -57,7 +57,7 @@ run2 fsdp parallel.strategy=fsdp parallel.dp_replicate=1 parallel.dp_shard=-1
 import json, sys
 from pathlib import Path
 import torch
-from train.doctor.memory import GiB, Plan, estimate, norm_fp32_in_autocast
+from train.memory import GiB, Plan, estimate, norm_fp32_in_autocast
 from train.models.presets import MODEL_PRESETS
 
 res, work = Path(sys.argv[1]), Path(sys.argv[2])

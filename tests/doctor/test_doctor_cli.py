@@ -104,7 +104,7 @@ def test_physical_indices_follow_uuids(monkeypatch):
 
 
 def test_doctor_module_import_does_not_import_torch():
-    code = "import sys, train.doctor.cli, train.doctor.memory; print('torch' in sys.modules)"
+    code = "import sys, train.doctor.cli, train.memory; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

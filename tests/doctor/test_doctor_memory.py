@@ -17,13 +17,13 @@ import torch.nn.functional as F
 
 from train.config import load_config
 from train.distributed import DistInfo
-from train.doctor.memory import (
+from train.doctor.planning import candidate_plans, max_batch, recommend
+from train.memory import (
     GiB,
     Plan,
     block_activation_bytes,
     estimate,
 )
-from train.doctor.planning import candidate_plans, max_batch, recommend
 from train.models.llama import Transformer
 from train.models.presets import MODEL_PRESETS
 from train.models.shapes import param_count, param_shapes

@@ -156,8 +156,8 @@ def test_doctor_estimates_and_recommends_for_the_gpt2_family():
     import sys
 
     from testlib import run
-    from train.doctor.memory import GiB, Plan, estimate
     from train.doctor.planning import recommend
+    from train.memory import GiB, Plan, estimate
     from train.models.registry import PRESETS, param_count
 
     cfg = PRESETS["gpt2-124m"]

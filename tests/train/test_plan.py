@@ -13,8 +13,8 @@ import yaml
 
 from testlib import SMALL_RUN, torchrun
 from train.config import load_config
-from train.doctor.memory import GiB
 from train.errors import ConfigError
+from train.memory import GiB
 from train.plan import HEADROOM_BYTES, PLAN_KEYS, PlanInputs, loss_chunk, memory_budget, plan
 
 H100 = 85_029_158_912  # torch.cuda.mem_get_info's total of an H100 80GB HBM3 (79.19 GiB)

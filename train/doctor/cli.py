@@ -10,11 +10,11 @@ import click
 
 from core.safety import excerpt, load_yaml_file
 from train.console import fail
-from train.doctor.memory import GiB
 from train.doctor.memreport import measure_all, memory_section, plan_section
 from train.doctor.profiles import capability, load_profile
 from train.doctor.render import render_json, render_text
 from train.doctor.system import collect_system
+from train.memory import GiB
 from train.models.registry import PRESETS as MODEL_PRESETS
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

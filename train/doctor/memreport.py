@@ -1,5 +1,5 @@
 """The memory section of ``train doctor``'s report: the estimate and recommendation for a
-preset (``train.doctor.memory``, ``train.doctor.planning``) and, with ``--measure``, the
+preset (``train.memory``, ``train.doctor.planning``) and, with ``--measure``, the
 peak of real training steps on GPU 0 to compare with."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.compat import rms_norm_fp32_in_autocast
-from train.doctor.memory import (
+from train.doctor.planning import recommend
+from train.memory import (
     USABLE_FRACTION,
     GiB,
     Plan,
     estimate,
 )
-from train.doctor.planning import recommend
 from train.models.registry import PRESETS as MODEL_PRESETS
 from train.models.registry import param_count
 from train.plan import PLAN_KEYS, PlanInputs, plan
@@ -35,7 +35,7 @@ def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int 
         "usable_fraction": USABLE_FRACTION,
         "source": source,
         "precision": "bf16 autocast, fp32 master weights and gradients, AdamW fp32 m/v",
-        "torch": torch_version,  # rms_norm's autocast policy depends on it (train.doctor.memory)
+        "torch": torch_version,  # rms_norm's autocast policy depends on it (train.memory)
         "estimates": rec.rows,
         "recommendation": rec.to_dict(),
     }

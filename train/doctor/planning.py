@@ -1,12 +1,12 @@
 """Which layout and micro-batch fit a GPU: candidate layouts in order of preference, the
 largest micro-batch under a memory budget, and the recommendation ``train doctor`` prints
-(on top of :func:`train.doctor.memory.estimate`)."""
+(on top of :func:`train.memory.estimate`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from train.doctor.memory import USABLE_FRACTION, Plan, estimate
+from train.memory import USABLE_FRACTION, Plan, estimate
 from train.models.presets import ModelConfig
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from train.doctor.memory import GiB
+from train.memory import GiB
 
 
 def render_json(report: dict) -> str:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from train.doctor import libraries, probes
 from train.doctor.cuda_compat import fit, image_cuda, is_datacenter
-from train.doctor.memory import GiB
 from train.doctor.netplugin import probe as probe_net_plugin
 from train.hardware import fp8_kinds, mxfp8_backends, peak_bf16_tflops
+from train.memory import GiB
 
 SCHEMA = "train-doctor/1"
 

@@ -1,6 +1,6 @@
 """Parameter names and shapes of the Llama model (``train.models.llama.Transformer``), from its
 config alone: no torch, nothing built. The trainer and preflight count parameters with it; the
-memory model (``train.doctor.memory``) sizes weights, gradients and optimizer state with it.
+memory model (``train.memory``) sizes weights, gradients and optimizer state with it.
 """
 
 from __future__ import annotations
