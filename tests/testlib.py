@@ -292,3 +292,21 @@ def tree_hashes(root: Path, skip: tuple = ()) -> dict:
 
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file() and p.name not in skip}
+
+
+def trained_tiny_llama(seed: int):
+    """A one-block Llama on the CPU after one AdamW step: ``(model, optimizer)`` with every state
+    a checkpoint holds (the fault tests save and load it)."""
+    import torch
+
+    from train.models.llama import Transformer
+    from train.models.presets import ModelConfig
+
+    with torch.device("meta"):
+        m = Transformer(ModelConfig(dim=32, n_layers=1, n_heads=2, vocab_size=64, max_seq_len=16))
+    m.to_empty(device="cpu")
+    m.init_weights(seed)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.randint(0, 64, (2, 8))).sum().backward()
+    opt.step()
+    return m, opt

@@ -18,26 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from testlib import ROOT, SMALL_RUN, load_dcp, train_cli
+from testlib import ROOT, SMALL_RUN, load_dcp, train_cli, trained_tiny_llama
 from train.checkpoint import CheckpointManager, rng_state, set_rng_state, verify
-from train.config import ModelConfig
 from train.distributed import DistInfo
 from train.errors import CheckpointError
-from train.models.llama import Transformer
 
 SMALL = SMALL_RUN + ["--set", "metrics.progress=false"]
 ONE = DistInfo(0, 0, 1, torch.device("cpu"), None)
 
 
-def _model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    with torch.device("meta"):
-        m = Transformer(ModelConfig(dim=32, n_layers=1, n_heads=2, vocab_size=64, max_seq_len=16))
-    m.to_empty(device="cpu")
-    m.init_weights(seed)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    m(torch.randint(0, 64, (2, 8))).sum().backward()
-    opt.step()
-    return m, opt
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +35,7 @@ def _saved_once(tmp_path_factory):
     mgr = CheckpointManager(root, ONE, keep=3)
     weights = {}
     for step in (2, 4, 6):
-        m, opt = _model(step)
+        m, opt = trained_tiny_llama(step)
         mgr.save(step, m, opt, {"step": step, "rng": rng_state(), "note": f"s{step}"})
         weights[step] = m.output.weight.detach().clone()
     return root, weights
@@ -110,7 +99,7 @@ def test_corrupted_latest_is_skipped_with_a_warning_and_previous_loads(three_che
     mgr, weights = three_checkpoints
     newest = mgr.root / "step_00000006"
     expected = _corrupt(newest, how)
-    m, opt = _model(99)
+    m, opt = trained_tiny_llama(99)
     logger = logging.getLogger("train.checkpoint")  # its records, whatever the train loggers' setup
     logger.addHandler(caplog.handler)
     try:
@@ -129,7 +118,7 @@ def test_every_checkpoint_bad_is_an_error_not_a_fresh_start(three_checkpoints):
     mgr, _ = three_checkpoints
     for step in (2, 4, 6):
         _corrupt(mgr.root / f"step_{step:08d}", "garbage_extra_same_size")
-    m, opt = _model(99)
+    m, opt = trained_tiny_llama(99)
     with pytest.raises(CheckpointError, match="none of the 3 complete checkpoint"):
         mgr.load_latest(m, opt)
 
@@ -149,7 +138,7 @@ def test_rng_state_round_trips_through_weights_only_load(tmp_path):
 
 def test_retention_keeps_k_and_cleans_crash_leftovers(tmp_path):
     mgr = CheckpointManager(tmp_path / "checkpoints", ONE, keep=2)
-    m, opt = _model(1)
+    m, opt = trained_tiny_llama(1)
     for step in (1, 2):
         mgr.save(step, m, opt, {"step": step})
     leftover = mgr.root / ".tmp-step_00000003"  # what a save killed mid-write leaves
@@ -169,7 +158,7 @@ def test_async_save_commits_only_in_finish_with_the_state_at_save_time(tmp_path)
     committed; the written state is the one staged at save time, not what training did
     afterwards; a second save first commits the one in flight (never two at once)."""
     mgr = CheckpointManager(tmp_path / "checkpoints", ONE, keep=0, async_save=True)
-    m, opt = _model(1)
+    m, opt = trained_tiny_llama(1)
     mgr.save(2, m, opt, {"step": 2})
     assert (mgr.root / "latest").read_text().strip() == "step_00000002" and mgr.in_flight is None
     mgr.save(4, m, opt, {"step": 4}, wait=False)
@@ -186,10 +175,10 @@ def test_async_save_commits_only_in_finish_with_the_state_at_save_time(tmp_path)
     assert mgr.in_flight == 8 and verify(mgr.root / "step_00000006") is None
     mgr.abandon()  # never committed: stays a .tmp- directory that later saves clean up
     assert not (mgr.root / "step_00000008").exists() and (mgr.root / "latest").read_text().strip() == "step_00000006"
-    fresh, fopt = _model(2)
+    fresh, fopt = trained_tiny_llama(2)
     path, extra = CheckpointManager(mgr.root, ONE, keep=0).load_latest(fresh, fopt)
     assert path.name == "step_00000006" and extra["step"] == 6
-    m4, o4 = _model(3)
+    m4, o4 = trained_tiny_llama(3)
     CheckpointManager(mgr.root, ONE, keep=0).load(mgr.root / "step_00000004", m4, o4)
     assert torch.equal(m4.output.weight, saved)
 
@@ -200,7 +189,7 @@ def test_async_save_replaces_a_stager_that_torch_closed(tmp_path):
     and the next save with it fails (pytorch#183413; seen on 2xH200). Do to the stager what
     2.11 does, then save again: a fresh stager is used and both checkpoints are complete."""
     mgr = CheckpointManager(tmp_path / "checkpoints", ONE, keep=0, async_save=True)
-    m, opt = _model(1)
+    m, opt = trained_tiny_llama(1)
     mgr.save(2, m, opt, {"step": 2})
     stager = mgr._get_stager()
     if stager is None:

@@ -17,13 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from testlib import SMALL_RUN, train_cli
+from testlib import SMALL_RUN, train_cli, trained_tiny_llama
 from train.checkpoint import CheckpointManager
 from train.checkpoint import safe_load as dcp_safe
-from train.config import ModelConfig
 from train.distributed import DistInfo
 from train.errors import CheckpointError
-from train.models.llama import Transformer
 
 ONE = DistInfo(0, 0, 1, torch.device("cpu"), None)
 
@@ -40,15 +38,6 @@ class _Payload:
         return (eval, (code,))
 
 
-def _model(seed: int):
-    with torch.device("meta"):
-        m = Transformer(ModelConfig(dim=32, n_layers=1, n_heads=2, vocab_size=64, max_seq_len=16))
-    m.to_empty(device="cpu")
-    m.init_weights(seed)
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    m(torch.randint(0, 64, (2, 8))).sum().backward()
-    opt.step()
-    return m, opt
 
 
 def _fix_manifest(ckpt: Path) -> None:
@@ -107,7 +96,7 @@ def _saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("payload") / "checkpoints"
     mgr = CheckpointManager(root, ONE, keep=3)
     for step in (2, 4):
-        m, opt = _model(step)
+        m, opt = trained_tiny_llama(step)
         mgr.save(step, m, opt, {"step": step})
     return root
 
@@ -118,7 +107,7 @@ def test_payload_in_a_checkpoint_never_runs(_saved, tmp_path, where, caplog):
     shutil.copytree(_saved, root)
     marker = tmp_path / "ran"
     PLANTS[where](root / "step_00000004", marker)
-    m, opt = _model(99)
+    m, opt = trained_tiny_llama(99)
     logger = logging.getLogger("train.checkpoint")
     logger.addHandler(caplog.handler)
     try:
