@@ -73,7 +73,7 @@ lint: setup  ## ruff (version pinned in the dev extra) on the Python code, shell
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/shellcheck -x scripts/*.sh scripts/gpu/*.sh docker/*.sh
 
-# The host-side podman tests of rendered `launch docker` scripts (issue 10 part 4, issue 18).
+# The host-side podman tests of rendered `launch docker` scripts.
 CLUSTER_PODMAN_TESTS ?= -q -p no:cacheprovider -m container -s tests/docker/test_launch_podman.py
 
 test-cluster: setup  ## deployment tests as root: emulated cluster (netns nodes: torchrun, elastic, real Slurm, slow link, preflight), then podman running rendered `launch docker` scripts against the image scripts/container_test.sh builds

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite's core under the torch minor version of each pinned NGC base (issue 14): the
+# The suite's core under the torch minor version of each pinned NGC base: the
 # image's torch is NVIDIA's build of that minor, CI's host venv has the newest torch.
 #
 #   docker/Dockerfile.blackwell, hopper-cu128: nvcr.io/nvidia/pytorch:25.03-py3 -> torch 2.7

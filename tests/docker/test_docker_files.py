@@ -83,7 +83,7 @@ def test_base_pin_and_release_note_comment(target: str) -> None:
     assert _arg_default(text, "BASE_CUDA") == f"{cuda.group(1)}.{cuda.group(2)}", "label BASE_CUDA = the pinned CUDA"
     assert re.match(r"\d{3} ", _arg_default(text, "DRIVER_FLOOR")), "DRIVER_FLOOR starts with a driver branch"
     if target == "blackwell":
-        # issue 14: R570 clusters: the default Blackwell image stays on CUDA 12.8
+        # R570 clusters: the default Blackwell image stays on CUDA 12.8
         assert (int(cuda.group(1)), int(cuda.group(2))) == (12, 8), "Blackwell pin: a CUDA 12.8 NGC release"
         assert {"10.0", "12.0"} <= set(re.split(r"[;, ]", _arg_default(text, "CUDA_ARCHS")))
     else:

@@ -1,5 +1,5 @@
 """The rendered `launch docker` script, unmodified, run for real by podman against the
-project image (issue 18 items 7-10, issue 10 part 4).
+project image.
 
 Needs root, podman and the image that scripts/container_test.sh builds; that script runs
 this file in CI's container step with LAUNCH_PODMAN_IMAGE set (and CONTAINERS_CONF /

@@ -177,8 +177,9 @@ def test_hostile_values_slurm(sandbox, pyxis):
     assert proc.returncode == 0, proc.stderr
     got = _check(record, canary, values, env_pairs, [])
     argv = got["argv"]
-    assert argv[:2] == ["--local-addr", "127.0.0.1"], argv  # this node's address towards node-a (stubs: here)
-    assert argv[2:10] == ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-a:29400",
+    # this node's address towards node-a, and that it hosts the store (stubs: node-a is here)
+    assert argv[:4] == ["--local-addr", "127.0.0.1", "--rdzv-conf", "is_host=true"], argv
+    assert argv[4:12] == ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node-a:29400",
                           "--rdzv-id", "4242"], argv
     srun = read_record(record, ".srun")
     assert srun[:4] == ["--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]

@@ -51,11 +51,15 @@ fi
 # one it advertises to the other nodes (torchrun --local-addr for the c10d agents and the
 # workers' MASTER_ADDR; GLOO_SOCKET_IFNAME for every gloo group): never its host name, which
 # the other nodes may not resolve, nor Debian's 127.0.1.1 for it. Sets launch_addr and
-# launch_ifname; LAUNCH_NODE_ADDR / LAUNCH_NODE_IFNAME override them. A node other than the
+# launch_ifname; LAUNCH_NODE_ADDR / LAUNCH_NODE_IFNAME override them. Sets launch_is_host=true on the
+# node that holds the endpoint's address: it hosts the c10d store (torchrun --rdzv-conf is_host=true),
+# as torch's own guess from the host name fails where that name maps to 127.0.1.1. A node other than the
 # rendezvous host waits until the endpoint answers, at most LAUNCH_RDZV_WAIT_S seconds (300).
 # shellcheck disable=SC2329  # called below or through declare -f
 launch_node_addr() {
   local endpoint=$1 host port ip="" route="" wait_s deadline
+  # shellcheck disable=SC2034  # read where the function is used
+  launch_is_host=false
   host=${endpoint%:*}
   port=${endpoint##*:}
   host=${host#[}
@@ -95,7 +99,9 @@ launch_node_addr() {
     return 2
   fi
   if [[ $route == local\ * || $launch_addr == "$ip" ]]; then
-    return 0  # this node is the rendezvous host
+    # shellcheck disable=SC2034  # read where the function is used
+    launch_is_host=true  # this node is the rendezvous host
+    return 0
   fi
   wait_s=${LAUNCH_RDZV_WAIT_S:-300}
   if [[ ! $wait_s =~ ^[0-9]{1,6}$ ]]; then
@@ -129,7 +135,7 @@ train_cmd=(
 )
 
 launch_node_addr "$rdzv_endpoint" || exit 2
-torchrun_opts+=(--local-addr "$launch_addr")
+torchrun_opts+=(--local-addr "$launch_addr" --rdzv-conf "is_host=$launch_is_host")
 if [[ -n $launch_ifname && -z ${GLOO_SOCKET_IFNAME:-} ]]; then
   export GLOO_SOCKET_IFNAME=$launch_ifname
 fi
