@@ -17,6 +17,8 @@ NGPUS := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 NPROC ?= $(if $(filter-out 0 1,$(NGPUS)),$(NGPUS),2)
 DEMO_OUT ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 PYTEST_ARGS ?=
+# make test's pytest workers (pytest-xdist; each takes whole test files): 2 on a 2-core machine.
+TEST_WORKERS ?= 2
 # Extra pip flags, e.g. PIP_FLAGS=--no-build-isolation on offline/air-gapped hosts whose
 # python already has setuptools (NGC images do).
 PIP_FLAGS ?=
@@ -51,7 +53,7 @@ demo: setup  ## 2-process training of the tiny preset on the embedded corpus (GP
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m train run --nproc-per-node $(NPROC) --config tiny --out "$(DEMO_OUT)"
 
 test: setup  ## the test suite (GPU tests run where GPUs are visible, skip elsewhere)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The quick subset (no training processes, no long shellcheck/Kubernetes sweeps): what to run while
 # editing; make test runs everything.

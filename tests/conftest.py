@@ -44,3 +44,10 @@ def checkpoint_mode(request) -> list[str]:
     """``train run`` arguments for synchronous DCP saves or ``checkpoint.async_save``: crash and
     resume tests take this fixture so both modes pass the same assertions."""
     return ["--set", f"checkpoint.async_save={str(request.param == 'async').lower()}"]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import testlib
+
+    if testlib._ZYGOTE is not None:
+        testlib._ZYGOTE.close()

@@ -57,6 +57,10 @@ def _workdir(tmp: Path) -> Path:
     for entry in ROOT.iterdir():
         if entry.name not in {".git", "runs"}:  # .venv too: `source .venv/bin/activate` as the README says
             (work / entry.name).symlink_to(entry)
+    if not (ROOT / ".venv").is_dir():  # installed without the checkout's venv (inside the image)
+        venv_bin = work / ".venv" / "bin"
+        venv_bin.mkdir(parents=True)
+        (venv_bin / "activate").write_text(f'export PATH="{Path(sys.executable).parent}:$PATH"\n')
     return work
 
 

@@ -58,8 +58,24 @@ def torchrun(args: list[str], nproc: int = 2, extra_env: dict | None = None, tim
     return run(cmd, extra_env, timeout)
 
 
+_ZYGOTE = None
+
+
 def train_cli(args: list[str], extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """One process, no torchrun: ``python -m train <args>``."""
+    """One process, no torchrun: ``python -m train <args>``, forked from a zygote that has
+    imported torch once (tests/zygote.py) where the environment allows, else started afresh."""
+    global _ZYGOTE
+    env = child_env(extra_env)
+    if os.environ.get("TRAIN_TEST_NO_ZYGOTE") != "1":
+        from zygote import Zygote
+
+        if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
+            _ZYGOTE = Zygote(child_env())
+        if _ZYGOTE.usable(env) and _ZYGOTE.lock.acquire(blocking=False):
+            try:
+                return _ZYGOTE.run([str(a) for a in args], env, ROOT, timeout)
+            finally:
+                _ZYGOTE.lock.release()
     return run([sys.executable, "-m", "train", *args], extra_env, timeout)
 
 

@@ -246,11 +246,12 @@ def test_slurm_preemption_requeues_and_resumes_to_completion(slurm, tmp_path):
 
 
 def test_slurm_time_limit_signal_requeues_and_plain_scancel_stops(slurm):
-    """--time 1 min with --grace-period 30: the script's own --signal=TERM@30 arrives before the
-    limit; the job checkpoints, requeues itself and the next attempt resumes. A plain scancel
+    """--time 2 min with --grace-period 30: the script's own --signal=TERM@30 arrives before the
+    limit (slurmctld checks every 30 s and sends it up to one check early: 60-90 s into each
+    attempt); the job checkpoints, requeues itself and the next attempt resumes. A plain scancel
     then ends it for good (CANCELLED, no requeue)."""
     name = "timelimit"
-    script, run_dir = render_job(slurm, name, 10_000, ["--time", "00:01:00", "--grace-period", "30"],
+    script, run_dir = render_job(slurm, name, 10_000, ["--time", "00:02:00", "--grace-period", "30"],
                                  ["--checkpoint-every", "5"])
     assert "#SBATCH --signal=TERM@30" in script.read_text()
     jobid = submit(slurm, script)

@@ -166,6 +166,7 @@ launch_stop() {
 # shellcheck disable=SC2329  # called from launch_stop and run_torchrun
 launch_forward() {
   local pid key value ign cgt
+  [[ -n $launch_torchrun_pid ]] || return 0  # not started yet: run_torchrun forwards once it is
   for pid in $(launch_children "$launch_torchrun_pid"); do
     if [[ " $launch_told " == *" $pid "* ]]; then
       continue
@@ -214,21 +215,22 @@ run_torchrun() {
   fi
   launch_stop_signal=""
   launch_told=""
+  launch_torchrun_pid=""
+  trap 'launch_stop TERM' TERM  # before torchrun starts: a signal from now on is forwarded
+  trap 'launch_stop INT' INT
   (
     trap '' TERM INT
     export PET_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT TORCHELASTIC_SIGNALS_TO_HANDLE=SIGHUP,SIGQUIT
     exec torchrun "$@"
   ) &
   launch_torchrun_pid=$!
-  trap 'launch_stop TERM' TERM
-  trap 'launch_stop INT' INT
   launch_running=true
   while [[ $launch_running == true ]]; do
-    launch_wait "$launch_torchrun_pid"
     while [[ -n $launch_stop_signal ]] && kill -0 "$launch_torchrun_pid" 2>/dev/null; do
       sleep 2
       launch_forward
     done
+    launch_wait "$launch_torchrun_pid"
   done
   trap - TERM INT
   if [[ -z $launch_stop_signal ]]; then
