@@ -17,7 +17,7 @@ from pathlib import Path
 
 from core.errors import SpecError
 from core.homepath import expand_home
-from core.safety import excerpt, file_kind, probe_path
+from core.safety import excerpt, excerpt_path, file_kind, probe_path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROFILE_PATH_ENV = "LAUNCH_PROFILE_PATH"
@@ -107,7 +107,7 @@ def available(kind: str) -> dict[str, Path]:
                 found.setdefault(path.stem, path)
         except OSError as exc:  # a name too long, a directory that cannot be listed...
             env_var = PROFILE_PATH_ENV if kind == "profiles" else FABRIC_PATH_ENV
-            raise SpecError(f"environment {env_var}: directory {excerpt(str(directory))}: cannot read "
+            raise SpecError(f"environment {env_var}: directory {excerpt_path(directory)}: cannot read "
                             f"({exc.strerror or type(exc).__name__})") from None
     return dict(sorted(found.items()))
 
@@ -133,7 +133,7 @@ def _read_yaml(path: Path) -> dict:
     try:
         stamp = path.stat().st_mtime_ns
     except OSError as exc:
-        raise SpecError(f"{excerpt(str(path))}: cannot read ({exc.strerror})") from None
+        raise SpecError(f"{excerpt_path(path)}: cannot read ({exc.strerror})") from None
     return _parse_yaml(str(path), stamp)
 
 

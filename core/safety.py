@@ -61,13 +61,21 @@ def one_line(message: object, limit: int = MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def excerpt(value: object, limit: int = EXCERPT_CHARS) -> str:
-    """A quoted, bounded, printable rendering of a user value for messages."""
+def excerpt(value: object, limit: int = EXCERPT_CHARS, tail: int = 0) -> str:
+    """A quoted, bounded, printable rendering of a user value for messages; a long one keeps its
+    last ``tail`` characters (a path's file name) and loses its middle."""
     text = value if isinstance(value, str) else repr(value)
     text = _printable(text).replace("'", "\\'")
     if len(text) > limit:
-        text = text[: limit - 3] + "..."
+        tail = min(tail, limit // 2)
+        text = text[: limit - 3 - tail] + "..." + (text[-tail:] if tail else "")
     return f"'{text}'"
+
+
+def excerpt_path(path: object, limit: int = EXCERPT_CHARS) -> str:
+    """:func:`excerpt` of a path that keeps its last component where it can."""
+    text = str(path)
+    return excerpt(text, limit, tail=len(text.rstrip("/").rsplit("/", 1)[-1]) + 1)
 
 
 # --------------------------------------------------------------------------- numbers
@@ -158,22 +166,22 @@ def read_bounded(path: Path, what: str, limit: int = MAX_YAML_BYTES) -> bytes:
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise InputError(f"{what}{excerpt(str(path))}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+        raise InputError(f"{what}{excerpt_path(path)}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{what}{excerpt(str(path))}: is a directory")
+        raise InputError(f"{what}{excerpt_path(path)}: is a directory")
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{what}{excerpt(str(path))}: not a regular file")
+        raise InputError(f"{what}{excerpt_path(path)}: not a regular file")
     if within(real := resolved(path), KERNEL_TREES):  # /proc/kmsg blocks
-        raise InputError(f"{what}{excerpt(str(path))}: {excerpt(real)} is a kernel pseudo-file, not an input file")
+        raise InputError(f"{what}{excerpt_path(path)}: {excerpt(real)} is a kernel pseudo-file, not an input file")
     if st.st_size > limit:
-        raise InputError(f"{what}{excerpt(str(path))}: {st.st_size} bytes, more than the {limit} allowed")
+        raise InputError(f"{what}{excerpt_path(path)}: {st.st_size} bytes, more than the {limit} allowed")
     try:
         with open(path, "rb") as fh:
             data = fh.read(limit + 1)
     except OSError as exc:
-        raise InputError(f"{what}{excerpt(str(path))}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
+        raise InputError(f"{what}{excerpt_path(path)}: cannot read ({exc.strerror or exc.__class__.__name__})") from None
     if len(data) > limit:
-        raise InputError(f"{what}{excerpt(str(path))}: more than {limit} bytes")
+        raise InputError(f"{what}{excerpt_path(path)}: more than {limit} bytes")
     return data
 
 
@@ -182,8 +190,8 @@ def load_yaml_file(path: Path, what: str) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputError(f"{what} {excerpt(str(path))}: cannot read (UnicodeDecodeError: not UTF-8)".strip()) from None
-    return load_yaml_text(text, f"{what} {excerpt(str(path))}".strip())
+        raise InputError(f"{what} {excerpt_path(path)}: cannot read (UnicodeDecodeError: not UTF-8)".strip()) from None
+    return load_yaml_text(text, f"{what} {excerpt_path(path)}".strip())
 
 
 def load_yaml_text(text: str, what: str, limit: int = MAX_YAML_BYTES) -> Any:
@@ -381,11 +389,11 @@ def check_output_target(path: str | os.PathLike, what: str = "-o") -> Path:
             raise InputError(f"{what} {shown}: is {file_kind(mode)}; only regular files are written")
     parent = p.parent
     if not parent.is_dir():
-        raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} does not exist")
+        raise InputError(f"{what} {shown}: directory {excerpt_path(parent)} does not exist")
     if system_directory(parent):  # as root a rename there replaces /etc/passwd, /usr/bin/bash...
         raise InputError(f"{what} {shown}: {excerpt(os.path.realpath(parent))} is a system directory; write elsewhere")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{what} {shown}: directory {excerpt(str(parent))} is not writable")
+        raise InputError(f"{what} {shown}: directory {excerpt_path(parent)} is not writable")
     return p
 
 

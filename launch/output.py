@@ -8,7 +8,7 @@ import sys
 
 from core.errors import SpecError
 from core.runlayout import check_not_in_run
-from core.safety import atomic_write, check_output_target, control_chars, excerpt, resolved, within
+from core.safety import atomic_write, check_output_target, control_chars, excerpt, excerpt_path, resolved, within
 
 
 def check_target(output: str | None) -> None:
@@ -26,7 +26,7 @@ def check_not_input(output: str | None, inputs) -> None:
         return
     for path in inputs:
         if path and os.path.exists(path) and os.path.samefile(output, path):
-            raise SpecError(f"-o {excerpt(output)}: is the input file {excerpt(str(path))}; write elsewhere")
+            raise SpecError(f"-o {excerpt(output)}: is the input file {excerpt_path(path)}; write elsewhere")
 
 
 def check_not_inside(output: str | None, directories) -> None:
@@ -37,7 +37,7 @@ def check_not_inside(output: str | None, directories) -> None:
     target = resolved(output)
     for what, directory in directories:
         if directory and within(target, (resolved(directory),)):
-            raise SpecError(f"-o {excerpt(output)}: inside {what} {excerpt(str(directory))}; write elsewhere")
+            raise SpecError(f"-o {excerpt(output)}: inside {what} {excerpt_path(directory)}; write elsewhere")
 
 
 def named_files(args) -> list[str]:

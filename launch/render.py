@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from core.errors import SpecError
-from core.safety import excerpt
+from core.safety import excerpt_path
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -104,7 +104,7 @@ def yaml_quote(text: object) -> Quoted:
     for ch in str(text):
         code = ord(ch)
         if 0xD800 <= code <= 0xDFFF:
-            raise SpecError(f"a value with a non-UTF-8 byte ({excerpt(str(text))}) cannot go into a Kubernetes "
+            raise SpecError(f"a value with a non-UTF-8 byte ({excerpt_path(text)}) cannot go into a Kubernetes "
                             "manifest (it holds text only)")
         if ch in '"\\':
             out.append("\\" + ch)

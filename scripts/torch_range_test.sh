@@ -18,10 +18,10 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RANGE=${TORCH_RANGE:-2.7.1 2.10.0}
 DIR=${TORCH_RANGE_DIR:-/var/tmp/hopper-train-torch-range}
 PY=${PYTHON:-python3}
-# config, model, data, DDP, a 2-process torchrun run, then every CPU test of the parallel
-# strategies (FSDP2, HSDP, TP, compile, DCP checkpoints), the comm hooks, doctor, tracing,
-# metrics sinks and data preparation
-DEFAULT_TESTS='-q -m "not gpu" -p no:cacheprovider tests/train/test_config.py tests/train/test_model.py tests/train/test_data.py tests/train/test_ddp.py tests/train/test_train_run.py::test_two_process_run_learns_and_writes_metrics tests/train/test_trace.py tests/train/test_metrics_sinks.py tests/train/test_prepare.py tests/parallel tests/comm tests/doctor'
+# What leans on torch's own APIs: config, model, DDP, a 2-process torchrun run, the parallel
+# strategies (FSDP2, HSDP, TP, compile, DCP checkpoints, symmetric-memory fallbacks), the
+# comm hooks and teardown, the profiler traces and the memory model; two pytest workers.
+DEFAULT_TESTS='-q -m "not gpu" -n 2 --dist loadfile -p no:cacheprovider tests/train/test_config.py tests/train/test_model.py tests/train/test_ddp.py tests/train/test_train_run.py::test_two_process_run_learns_and_writes_metrics tests/train/test_trace.py tests/parallel/test_parallel_equivalence.py tests/parallel/test_parallel_checkpoint.py tests/parallel/test_parallel_cast.py tests/parallel/test_parallel_fsdp_units.py tests/parallel/test_parallel_compile.py tests/parallel/test_symm_comm.py tests/comm/test_comm_training.py tests/comm/test_comm_topk.py tests/comm/test_teardown.py tests/doctor/test_doctor_memory.py'
 # torch 2.7's gloo has no ReduceOp.AVG, which FSDP2 uses for HSDP's all-reduce of fp32/bf16
 # gradients ("RuntimeError: Cannot use ReduceOp.AVG with Gloo", measured with 2.7.1; 2.10.0
 # passes these). NCCL has AVG, so the images (NCCL on GPUs) are not affected; only these CPU

@@ -45,6 +45,10 @@ PENDING_REWRITE: dict[str, str] = {}
 def _env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)
+    if not (Path(bin_dir) / "python").exists():  # only python3 (Debian, the image): `python` is this one
+        (tmp / "bin").mkdir(exist_ok=True)
+        (tmp / "bin" / "python").symlink_to(sys.executable)
+        bin_dir += os.pathsep + str(tmp / "bin")
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT),
                DOCS_RENDER_LOG=str(tmp / "render.log"), OMP_NUM_THREADS="1")
     env.pop("TRAIN_DEBUG", None)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from core.errors import InputError
-from core.safety import atomic_write, excerpt, file_kind, parse_json, probe_path, read_bounded
+from core.safety import atomic_write, excerpt, excerpt_path, file_kind, parse_json, probe_path, read_bounded
 from train.errors import DataError
 from train.paths import default_cache_dir
 
@@ -90,7 +90,7 @@ def cached_corpus(cache_dir: Path, max_mb: int) -> bool:
     if stat.S_ISREG(st.st_mode) and lo <= st.st_size <= hi and st.st_size % 2 == 0:
         return True
     kind = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
-    raise DataError(f"data.cache_dir: {excerpt(str(path))} is {kind}, not an embedded corpus this program wrote "
+    raise DataError(f"data.cache_dir: {excerpt_path(path)} is {kind}, not an embedded corpus this program wrote "
                     f"(a regular file of {lo}..{hi} bytes, an even count): remove it, or set another data.cache_dir")
 
 
@@ -124,7 +124,7 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
     (plus the tell-tale zero high halves of uint32 data declared uint16). Every batch is
     checked again when it is read (``TokenLoader``), so no id >= vocab_size is trained on."""
     if not path.name or path.name == "..":  # '/', '.', 'dir/..': a directory, and with_suffix() would raise
-        raise DataError(f"data.path: {excerpt(str(path))} names a directory, not a token file")
+        raise DataError(f"data.path: {excerpt_path(path)} names a directory, not a token file")
     meta_path = path.with_suffix(".json")
     for what, file, absent in (("token file", path, "does not exist"),
                                ("metadata", meta_path, "is missing (needs dtype and vocab_size)")):
@@ -133,9 +133,9 @@ def open_token_file(path: Path) -> tuple[np.memmap, int]:
         except InputError as exc:
             raise DataError(str(exc)) from None
         if st is None:
-            raise DataError(f"data.path: {what} {excerpt(str(file))} {absent}")
+            raise DataError(f"data.path: {what} {excerpt_path(file)} {absent}")
         if not stat.S_ISREG(st.st_mode):  # a directory was "does not exist", a FIFO blocked the read
-            raise DataError(f"data.path: {what} {excerpt(str(file))} is {file_kind(st.st_mode)}, not a file")
+            raise DataError(f"data.path: {what} {excerpt_path(file)} is {file_kind(st.st_mode)}, not a file")
     try:
         meta = parse_json(read_bounded(meta_path, "data.path: metadata", 1 << 16).decode("utf-8"))
     except InputError as exc:

@@ -49,7 +49,7 @@ import click
 
 from core.errors import InputError
 from core.runlayout import check_not_in_run
-from core.safety import atomic_write, check_output_target, excerpt
+from core.safety import atomic_write, check_output_target, excerpt_path
 from train.config import MAX_TIMEOUT_S
 
 EXIT_OK, EXIT_SLOW, EXIT_BROKEN = 0, 3, 4
@@ -247,7 +247,7 @@ def preflight_cmd(expect_busbw, min_fraction, nbytes, iters, timeout_s, json_pat
     if json_path is not None:
         try:  # a directory, FIFO, device, symlink, missing or system directory, a name too long: now, not after
             check_output_target(json_path, "--json")  # the measurement
-            check_not_in_run(f"--json {excerpt(str(json_path))}", json_path)
+            check_not_in_run(f"--json {excerpt_path(json_path)}", json_path)
         except InputError as exc:
             fail(str(exc), 2)
 

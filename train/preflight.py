@@ -13,7 +13,7 @@ from pathlib import Path
 
 from core.errors import InputError
 from core.runlayout import ASIDE_PREFIX, RUN_OWNED, check_not_in_run
-from core.safety import check_output_target, control_chars, excerpt, probe_path, reserved_local_path
+from core.safety import check_output_target, control_chars, excerpt, excerpt_path, probe_path, reserved_local_path
 from train.config import JobConfig
 from train.errors import ConfigError
 from train.memory import floor_bytes
@@ -142,14 +142,14 @@ def check_dir(what: str, text: str) -> Path:
         probe = out
         while not probe.exists():
             if probe.is_symlink():
-                raise ConfigError(f"{what} {excerpt(text)}: {excerpt(str(probe))} is a dangling symbolic link")
+                raise ConfigError(f"{what} {excerpt(text)}: {excerpt_path(probe)} is a dangling symbolic link")
             probe = probe.parent
     except OSError as exc:  # name too long, permission...
         raise ConfigError(f"{what} {excerpt(text)}: {exc.strerror}") from None
     if not probe.is_dir():
-        raise ConfigError(f"{what} {excerpt(text)}: {excerpt(str(probe))} is not a directory")
+        raise ConfigError(f"{what} {excerpt(text)}: {excerpt_path(probe)} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {excerpt(text)}: {excerpt(str(probe))} is not writable")
+        raise ConfigError(f"{what} {excerpt(text)}: {excerpt_path(probe)} is not writable")
     return out
 
 

@@ -32,7 +32,7 @@ import yaml
 
 from core.errors import InputError
 from core.runlayout import ASIDE_PREFIX, CONFIG_NAME, HISTORY_HEAD, LOCK_NAME, RUN_FILES
-from core.safety import atomic_write, excerpt, load_yaml_file, parse_json
+from core.safety import atomic_write, excerpt, excerpt_path, load_yaml_file, parse_json
 from train.config import JobConfig
 from train.errors import ConfigError, RunDirBusy
 
@@ -84,7 +84,7 @@ class RunLock:
 
     def __init__(self, out_dir: Path, name: str = LOCK_NAME, label: str | None = None):
         self.path = out_dir / name
-        self.label = label or f"--out {excerpt(str(out_dir))}"
+        self.label = label or f"--out {excerpt_path(out_dir)}"
         self.fd: int | None = None
 
     def _holder(self) -> dict:
@@ -229,7 +229,7 @@ def move_aside(parent: Path, names: list[str], what: str) -> Path:
     for name in present:
         busy = _live_lock_under(parent / name)
         if busy is not None:
-            raise RunDirBusy(f"{what}: {excerpt(str(parent / name))} holds a live run ({excerpt(str(busy))}); "
+            raise RunDirBusy(f"{what}: {excerpt_path(parent / name)} holds a live run ({excerpt_path(busy)}); "
                              "it cannot be moved aside while that run goes on")
     base = f"{ASIDE_PREFIX}{_now().replace(':', '')}"
     for i in range(1, 10_000):
@@ -317,7 +317,7 @@ def check_layout(out_dir: Path) -> None:
     would load, write and (retention) delete in one directory that only one of them has
     locked; checkpoints/latest a regular file (it is replaced at every save). Otherwise a
     resumed run would fail only at its first save, or share another run's files."""
-    shown = excerpt(str(out_dir))
+    shown = excerpt_path(out_dir)
     for name in (*RUN_FILES, "checkpoints/latest"):
         path = out_dir / name
         try:
@@ -343,7 +343,7 @@ def prepare(out_dir: Path, job: JobConfig, resuming: bool, overwrite: bool, allo
     :func:`write_config` records once training has really started (a run that fails
     before, e.g. on a bad data file, leaves config.yaml as it was)."""
     earlier = earlier_run_files(out_dir)
-    shown = excerpt(str(out_dir))
+    shown = excerpt_path(out_dir)
     if not resuming:
         if earlier and not overwrite:
             raise ConfigError(

@@ -134,6 +134,31 @@ def test_metadata_reader_refuses_every_global_but_the_checkpoint_types(tmp_path)
     assert not marker.exists()
 
 
+class _ByGetattr:
+    """Pickles as ``getattr(target, name)``: how Python 3.11.0-3.11.3 pickle an enum member."""
+
+    def __init__(self, target, name):
+        self.target, self.name = target, name
+
+    def __reduce__(self):
+        return getattr, (self.target, self.name)
+
+
+def test_metadata_enum_members_by_getattr_load_and_nothing_else_does(tmp_path):
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, Metadata
+
+    path = tmp_path / ".metadata"
+    member = next(iter(_MEM_FORMAT_ENCODING))
+    path.write_bytes(pickle.dumps(Metadata(state_dict_metadata={}, planner_data=_ByGetattr(_MEM_FORMAT_ENCODING,
+                                                                                            member.name))))
+    assert dcp_safe.load_metadata(path).planner_data is member
+    for target, name in ((_MEM_FORMAT_ENCODING, "__init__"), (_MEM_FORMAT_ENCODING, "_missing_"),
+                         (Metadata, "__init__"), (_MEM_FORMAT_ENCODING, 7)):
+        path.write_bytes(pickle.dumps(Metadata(state_dict_metadata={}, planner_data=_ByGetattr(target, name))))
+        with pytest.raises(dcp_safe.UnsafeCheckpoint, match=r"\.metadata: holds builtins\.getattr on "):
+            dcp_safe.load_metadata(path)
+
+
 def _run(out: Path, *extra: str):
     return train_cli(["run", "--config", "tiny", "--steps", "2", "--out", str(out), "--set", "data.source=synthetic",
                       *SMALL_RUN, "--set", "metrics.progress=false", *extra])

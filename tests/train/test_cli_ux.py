@@ -178,6 +178,6 @@ def test_lint_is_clean():
     pinned = re.search(r'"ruff==([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     version = subprocess.run([ruff, "--version"], capture_output=True, text=True).stdout.split()[-1]
     assert version == pinned, f"ruff {version} is not the pinned {pinned}"
-    res = subprocess.run([ruff, "check", "--output-format", "concise", "."], cwd=ROOT, capture_output=True,
+    res = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

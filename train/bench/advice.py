@@ -128,27 +128,27 @@ def read_apply_target(path) -> dict:
 
     from core.errors import InputError
     from core.runlayout import check_not_in_run
-    from core.safety import check_output_target, excerpt, load_yaml_file
+    from core.safety import check_output_target, excerpt_path, load_yaml_file
     from train.errors import ConfigError
 
     try:
         path = check_output_target(Path(path), "--apply")
-        check_not_in_run(f"--apply {excerpt(str(path))}", path)  # a run's config.yaml is its history, read by --resume
+        check_not_in_run(f"--apply {excerpt_path(path)}", path)  # a run's config.yaml is its history, read by --resume
         data = load_yaml_file(path, "--apply") if path.exists() else None
     except InputError as exc:
         raise ConfigError(str(exc)) from None
     data = data or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"--apply {excerpt(str(path))}: top level must be a mapping")
+        raise ConfigError(f"--apply {excerpt_path(path)}: top level must be a mapping")
     if not isinstance(data.get("comm") or {}, dict):
-        raise ConfigError(f"--apply {excerpt(str(path))}: comm: expected a mapping")
+        raise ConfigError(f"--apply {excerpt_path(path)}: comm: expected a mapping")
     if data:
         from train.config import build_config
 
         try:  # now, not after the benchmark: a config that does not load is not rewritten
             build_config(data)
         except ConfigError as exc:
-            raise ConfigError(f"--apply {excerpt(str(path))}: does not load as a config: {exc}") from None
+            raise ConfigError(f"--apply {excerpt_path(path)}: does not load as a config: {exc}") from None
     return data
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from core.safety import excerpt
+from core.safety import excerpt, excerpt_path
 from train.bench.bandwidth import bus_factor
 
 DTYPES = ("float32", "bfloat16", "float16", "int8")  # torch dtype names (torch_dtype)
@@ -87,7 +87,7 @@ def check_args(backend, ops, dtypes, min_bytes, max_bytes, factor, warmup, iters
 
         for report in reports:
             if os.path.realpath(apply_path) in {os.path.realpath(out_dir / f"{report}{x}") for x in REPORT_SUFFIXES}:
-                raise ValueError(f"--apply {excerpt(str(apply_path))}: that is this run's own report")
+                raise ValueError(f"--apply {excerpt_path(apply_path)}: that is this run's own report")
         read_apply_target(apply_path)
     world = check_launcher_env()  # RANK etc. (ConfigError: one line, exit 2)
     if world < 2:

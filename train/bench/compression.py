@@ -29,7 +29,7 @@ from pathlib import Path
 import click
 
 from core.clicktypes import LocalPath
-from core.safety import excerpt, parse_ascii_int, parse_finite_float
+from core.safety import excerpt, excerpt_path, parse_ascii_int, parse_finite_float
 from train.bench.stopping import Stopped, StopSignals
 from train.console import fail, setup
 
@@ -160,7 +160,7 @@ def compression_cmd(preset, config_path, steps, batch, seq, variants, start_iter
 
     setup()
     claim_report(out_dir, name)
-    lock = RunLock(runs_dir, label=f"--runs-dir {excerpt(str(runs_dir))}")
+    lock = RunLock(runs_dir, label=f"--runs-dir {excerpt_path(runs_dir)}")
     if int(os.environ.get("RANK") or "0") == 0:  # one bench at a time in a runs dir (rank 0 holds it)
         runs_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire()
@@ -302,7 +302,7 @@ def _run_variant(label: str, job, info, runs_dir: Path, window, loss_window: int
     if info.is_main:  # an earlier bench's run of this variant is kept, never deleted
         if os.path.lexists(vdir):
             log.info("[bench] %s: the earlier run moved to %s", label,
-                     move_aside(runs_dir, [vdir.name], f"--runs-dir {excerpt(str(runs_dir))}"))
+                     move_aside(runs_dir, [vdir.name], f"--runs-dir {excerpt_path(runs_dir)}"))
         vdir.mkdir(parents=True)
     tdist.barrier(info)
     row: dict = {"variant": label}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from core.safety import excerpt, load_yaml_file, parse_ascii_int
+from core.safety import excerpt, excerpt_path, load_yaml_file, parse_ascii_int
 from train.config import DATA_SOURCES
 from train.errors import ConfigError
 from train.parallel.config import AC_MODES
@@ -132,16 +132,16 @@ def job_overrides(point: dict) -> list[str]:
 def load_plan(path: Path, defaults: dict) -> list[dict]:
     data = load_yaml_file(Path(path), "--plan")  # bounded: size, depth, aliases
     if not isinstance(data, list) or not data or not all(isinstance(g, dict) for g in data):
-        raise ConfigError(f"--plan {excerpt(str(path))}: expected a YAML list of mappings")
+        raise ConfigError(f"--plan {excerpt_path(path)}: expected a YAML list of mappings")
     grids = []
     for i, g in enumerate(data):
         unknown = set(map(str, g)) - set(defaults)
         if unknown:
-            raise ConfigError(f"--plan {excerpt(str(path))}: grid {i}: unknown keys "
+            raise ConfigError(f"--plan {excerpt_path(path)}: grid {i}: unknown keys "
                               f"{excerpt(', '.join(sorted(unknown)))}")
         sets = g.get("set") or []
         if not isinstance(sets, list) or not all(isinstance(x, str) for x in sets):
-            raise ConfigError(f"--plan {excerpt(str(path))}: grid {i}: set: expected a list of KEY=VALUE strings")
+            raise ConfigError(f"--plan {excerpt_path(path)}: grid {i}: set: expected a list of KEY=VALUE strings")
         grid = {**defaults, **g, "set": [*defaults["set"], *sets]}  # command-line --set applies too
         grids.append(grid)
     return grids

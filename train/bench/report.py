@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from core.safety import atomic_write, check_output_target, excerpt
+from core.safety import atomic_write, check_output_target, excerpt, excerpt_path
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _claim(out: Path, name: str) -> list:
     key = (os.path.realpath(out), name)
     if key not in _claims:
         out.mkdir(parents=True, exist_ok=True)
-        lock = RunLock(out, f".{name}.report.lock", label=f"--out/--name {excerpt(str(out / name))}")
+        lock = RunLock(out, f".{name}.report.lock", label=f"--out/--name {excerpt_path(out / name)}")
         lock.acquire()
         if not _claims:
             atexit.register(lambda: [claim[0].release() for claim in _claims.values()])
@@ -135,7 +135,7 @@ def _keep_earlier(out: Path, name: str) -> None:
         return
     earlier = [f"{name}{suffix}" for suffix in REPORT_SUFFIXES if os.path.lexists(out / f"{name}{suffix}")]
     if earlier:
-        aside = move_aside(out, earlier, f"--out/--name {excerpt(str(out / name))}")
+        aside = move_aside(out, earlier, f"--out/--name {excerpt_path(out / name)}")
         log.info("the earlier report %s.* is kept in %s", name, aside)
     claim[1] = True
 

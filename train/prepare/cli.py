@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from core.clicktypes import LocalPath
-from core.safety import excerpt
+from core.safety import excerpt, excerpt_path
 from train.console import fail, setup
 from train.errors import PrepareError
 
@@ -40,7 +40,7 @@ def _culprit(filename, out: Path) -> str:
     file itself: an input's read error is not the output's fault."""
     if filename is None or str(filename).startswith(str(out)) or Path(str(filename)).parent == out.parent:
         return f"--out {out}"
-    return f"file {excerpt(str(filename))}"
+    return f"file {excerpt_path(filename)}"
 
 
 @click.group("data")

@@ -19,7 +19,7 @@ import numpy as np
 
 from core.errors import InputError
 from core.runlayout import check_not_in_run
-from core.safety import atomic_write, check_output_target, excerpt, parse_json, reserved_local_path
+from core.safety import atomic_write, check_output_target, excerpt_path, parse_json, reserved_local_path
 from train.errors import ConfigError, PrepareError
 from train.prepare.tokenizer import load_tokenizer
 from train.prepare.units import Unit, check_inputs, plan_units
@@ -78,7 +78,7 @@ def prepare(inputs: list[str], out: Path, tokenizer: str, *, workers: int = 0, t
 
     lock_name = f".{out.name}.lock" if shard is None else f".{out.name}.shard-{shard[0]}-of-{shard[1]}.lock"
     out.parent.mkdir(parents=True, exist_ok=True)
-    with RunLock(out.parent, lock_name, label=f"--out {excerpt(str(out))}"):
+    with RunLock(out.parent, lock_name, label=f"--out {excerpt_path(out)}"):
         return _prepare(inputs, out, tokenizer, workers=workers, text_field=text_field, split=split, shard=shard,
                         eos=eos, online=online, keep_parts=keep_parts, progress=progress)
 
@@ -145,16 +145,16 @@ def _check_out(out: Path) -> None:
     a symbolic link or ``//etc``); OUT and OUT.json, where they exist, regular files; a
     writable place to create them."""
     if out.name in ("", ".", ".."):
-        raise PrepareError(f"--out {excerpt(str(out))}: give the token file's name, e.g. tokens.bin")
+        raise PrepareError(f"--out {excerpt_path(out)}: give the token file's name, e.g. tokens.bin")
     if out.suffix == ".json":
         raise PrepareError(f"--out {out}: the metadata goes beside the token file as .json; name the token file .bin")
     if reserved_local_path(out):
-        raise PrepareError(f"--out {excerpt(str(out))}: inside a system directory (/etc, /usr, /dev, /proc...)")
+        raise PrepareError(f"--out {excerpt_path(out)}: inside a system directory (/etc, /usr, /dev, /proc...)")
     for path in (out, out.with_suffix(".json")):
         try:
             if os.path.lexists(path):
                 check_output_target(path, "--out")
-            check_not_in_run(f"--out {excerpt(str(path))}", path)
+            check_not_in_run(f"--out {excerpt_path(path)}", path)
         except InputError as exc:
             raise PrepareError(str(exc)) from None
     from train.preflight import check_dir
@@ -188,10 +188,10 @@ def _claim_parts(parts: Path, plan: dict) -> None:
     refused (its parts belong to other inputs or options)."""
     plan_file = parts / "plan.json"
     if os.path.islink(parts) or (os.path.lexists(parts) and not parts.is_dir()):
-        raise PrepareError(f"{excerpt(str(parts))}: exists and is not a directory (a link or a file); remove it or "
+        raise PrepareError(f"{excerpt_path(parts)}: exists and is not a directory (a link or a file); remove it or "
                            "choose another --out")
     if parts.is_dir() and not plan_file.is_file() and any(parts.iterdir()):  # adopted, then removed at the end
-        raise PrepareError(f"{excerpt(str(parts))}: holds files that are no preparation's parts (no plan.json); "
+        raise PrepareError(f"{excerpt_path(parts)}: holds files that are no preparation's parts (no plan.json); "
                            "remove it or choose another --out")
     if plan_file.is_file():
         try:

@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.safety import KERNEL_TREES, excerpt, file_kind, probe_path, resolved, within
+from core.safety import KERNEL_TREES, excerpt, excerpt_path, file_kind, probe_path, resolved, within
 from train.errors import PrepareError
 
 TEXT_SUFFIXES = {".txt", ".md", ".text"}
@@ -146,7 +146,7 @@ def plan_units(inputs: list[str], split: str | None, online: bool, chunk_bytes: 
         try:
             files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         except OSError as exc:  # a directory that cannot be listed: it was blamed on --out (exit 1)
-            raise PrepareError(f"input {excerpt(item)}: cannot list {excerpt(str(exc.filename))} "
+            raise PrepareError(f"input {excerpt(item)}: cannot list {excerpt_path(exc.filename)} "
                                f"({exc.strerror or type(exc).__name__})") from None
         found = 0
         for f in files:

@@ -79,6 +79,8 @@ launch_node_addr() {
     if [[ -z $launch_ifname && $route =~ \ dev\ ([^ ]+) ]]; then
       launch_ifname=${BASH_REMATCH[1]}
     fi
+  elif [[ $ip == 127.* || $ip == ::1 || " $(hostname -I 2>/dev/null || true) " == *" $ip "* ]]; then
+    route="local $ip"  # no iproute2: $ip is loopback or one of this node's addresses
   fi
   if [[ -z $launch_addr ]]; then  # no iproute2: the first global address
     launch_addr=$(hostname -I 2>/dev/null | awk '{ print $1 }') || launch_addr=""
