@@ -147,7 +147,7 @@ instance() {
     local digest
     digest=$(podman manifest inspect "$IMAGE" | python3 -c 'import json, sys
 print(next(m["digest"] for m in json.load(sys.stdin)["manifests"] if m["platform"]["architecture"] == sys.argv[1]))' "$1")
-    podman images --digests --no-trunc --format '{{.Digest}} {{.ID}}' | awk -v d="$digest" '$1 == d {print $2; exit}'
+    podman images --digests --no-trunc --format '{{.Digest}} {{.ID}}' | awk -v d="$digest" '$1 == d {sub(/^sha256:/, "", $2); print $2; exit}'
 }
 
 in_image() { podman run --rm --network=none "$ARM64_IMAGE" "$@"; }
