@@ -163,7 +163,8 @@ check_clis() {
     uid=$(in_image id -u)
     [[ $uid != 0 ]] || die "image runs as root"
     pin=$(in_image sed -n 's/^torch==//p' /etc/pip/constraint.txt)
-    tv=$(in_image python3 -c 'import torch; print(torch.__version__)')
+    # the distribution's version (what pip and its constraint see; torch.__version__ may add +cpu)
+    tv=$(in_image python3 -c 'import importlib.metadata as m; print(m.version("torch"))')
     [[ -n $pin && $tv == "$pin" ]] || die "torch $tv in the image, the base's constraint pins '$pin'"
     echo "arm64 image $ARM64_IMAGE: uname -m $arch; train/launch --help ok; uid $uid; torch $tv = constraint $pin"
     if [[ $PLATFORMS == *amd64* ]]; then
