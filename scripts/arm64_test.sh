@@ -180,7 +180,10 @@ check_doctor() {
     local out
     out=$(in_image train doctor --profile gb200 --preset tiny) || { printf '%s\n' "$out"; die "train doctor failed"; }
     printf '%s\n' "$out" | head -n 6
-    grep -q 'aarch64' <<<"$out" || die "train doctor does not name the aarch64 host"
+    grep -q '^driver/CUDA: .* (CPU aarch64 = arm64)$' <<<"$out" || die "the fit line does not name the aarch64 CPU"
+    if grep -q '^note: profile gb200 has arm64 CPUs' <<<"$out"; then
+        die "train doctor calls this arm64 host another CPU than gb200's"
+    fi
 }
 
 train_run() {
