@@ -27,7 +27,7 @@ set -Eeuo pipefail
 ARM64_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export TARGET=${TARGET:-blackwell}
 export CONTAINER_CI_DIR=${CONTAINER_CI_DIR:-/var/tmp/hopper-train-arm64-ci}
-# shellcheck source=scripts/container_test.sh
+# shellcheck source=scripts/container_test.sh disable=SC1091  # followed with shellcheck -x (make lint)
 source "$ARM64_REPO/scripts/container_test.sh"
 
 PLATFORMS=${ARM64_PLATFORMS:-linux/arm64}
