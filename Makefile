@@ -23,7 +23,7 @@ TEST_WORKERS ?= 2
 # python already has setuptools (NGC images do).
 PIP_FLAGS ?=
 
-.PHONY: help setup demo test test-fast test-cluster lint render-k8s clean-venv
+.PHONY: help setup demo test test-fast test-cluster test-arm64 lint render-k8s clean-venv
 
 help:  ## list targets (this file and docker/docker.mk)
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -82,6 +82,10 @@ test-cluster: setup  ## deployment tests as root: emulated cluster (netns nodes:
 	bash scripts/cluster_deps.sh
 	$(PY) -m pytest -q -m cluster -p no:cacheprovider --durations=15 tests/cluster $(PYTEST_ARGS)
 	CONTAINER_CI_LAUNCH_TESTS='$(CLUSTER_PODMAN_TESTS)' bash scripts/container_test.sh
+
+# ARM64_PLATFORMS=linux/amd64,linux/arm64: the multi-arch manifest (scripts/arm64_test.sh lists the knobs).
+test-arm64:  ## as root: the blackwell image for linux/arm64 (GB200/GH200) built with build-image and run (CLIs, doctor, 2-process training) under QEMU
+	bash scripts/arm64_test.sh
 
 render-k8s: setup  ## re-render the committed Kubernetes manifests under k8s/ (TrainJob, runtimes, PyTorchJob, ComputeDomain)
 	$(PY) scripts/render_examples.py

@@ -250,31 +250,38 @@ run_launch_tests() {
         timeout --kill-after=30 "$TEST_TIMEOUT" "$py" -m pytest "${args[@]}")
 }
 
-mkdir -p "$WORK"
-exec 9>"$WORK/lock"
-flock -w 3600 9 || die "another container_test.sh holds $WORK/lock"
+main() {
+    mkdir -p "$WORK"
+    exec 9>"$WORK/lock"
+    flock -w 3600 9 || die "another container_test.sh holds $WORK/lock"
 
-step "install podman/debootstrap/runc" ensure_tools
-step "write containers.conf/storage.conf" write_config
-export CONTAINERS_CONF=$WORK/containers.conf CONTAINERS_STORAGE_CONF=$WORK/storage.conf
-export TMPDIR=$WORK/tmp
-step "pick CPU torch wheel" pick_torch
-step "stand-in base (debootstrap)" build_standin
-step "tag stand-in as the NGC base" tag_as_ngc
-if ((EFA)); then
-    step "EFA sources" efa_sources
-fi
-step "podman build $TARGET" build_image
-step "smoke: CLIs, user, labels" smoke
-if ((EFA)); then
-    step "EFA: NCCL net plugin loads" efa_smoke
-fi
-if ((EFA == 0)) || [[ ${CONTAINER_CI_EFA_ONLY:-0} != 1 ]]; then
-    step "pytest inside the image" run_pytest
-fi
-if [[ -n ${CONTAINER_CI_LAUNCH_TESTS:-} ]]; then
-    step "launch docker scripts under podman" run_launch_tests
-fi
-if [[ ${CONTAINER_CI_KEEP:-0} != 1 ]]; then
-    step "prune dangling images" podman image prune -f >/dev/null
+    step "install podman/debootstrap/runc" ensure_tools
+    step "write containers.conf/storage.conf" write_config
+    export CONTAINERS_CONF=$WORK/containers.conf CONTAINERS_STORAGE_CONF=$WORK/storage.conf
+    export TMPDIR=$WORK/tmp
+    step "pick CPU torch wheel" pick_torch
+    step "stand-in base (debootstrap)" build_standin
+    step "tag stand-in as the NGC base" tag_as_ngc
+    if ((EFA)); then
+        step "EFA sources" efa_sources
+    fi
+    step "podman build $TARGET" build_image
+    step "smoke: CLIs, user, labels" smoke
+    if ((EFA)); then
+        step "EFA: NCCL net plugin loads" efa_smoke
+    fi
+    if ((EFA == 0)) || [[ ${CONTAINER_CI_EFA_ONLY:-0} != 1 ]]; then
+        step "pytest inside the image" run_pytest
+    fi
+    if [[ -n ${CONTAINER_CI_LAUNCH_TESTS:-} ]]; then
+        step "launch docker scripts under podman" run_launch_tests
+    fi
+    if [[ ${CONTAINER_CI_KEEP:-0} != 1 ]]; then
+        step "prune dangling images" podman image prune -f >/dev/null
+    fi
+}
+
+# Sourcing the file (scripts/arm64_test.sh does) defines the steps without running them.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    main
 fi

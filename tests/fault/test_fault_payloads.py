@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -155,7 +156,7 @@ def test_metadata_enum_members_by_getattr_load_and_nothing_else_does(tmp_path):
     for target, name in ((_MEM_FORMAT_ENCODING, "__init__"), (_MEM_FORMAT_ENCODING, "_missing_"),
                          (Metadata, "__init__"), (_MEM_FORMAT_ENCODING, 7)):
         path.write_bytes(pickle.dumps(Metadata(state_dict_metadata={}, planner_data=_ByGetattr(target, name))))
-        with pytest.raises(dcp_safe.UnsafeCheckpoint, match=r"\.metadata: holds builtins\.getattr on "):
+        with pytest.raises(dcp_safe.UnsafeCheckpoint, match=r"\.metadata: holds getattr\("):
             dcp_safe.load_metadata(path)
 
 
@@ -191,3 +192,55 @@ def test_token_file_metadata_and_recorded_files_are_never_unpickled(tmp_path):
     r = train_cli(["run", "--config", str(cfg), "--out", str(tmp_path / "b")])
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert not marker.exists()
+
+
+class _Py3112Pickler(pickle.Pickler):
+    """Pickles an enum member as Python 3.11.2 (Debian 12's python3) does: ``getattr(cls, name)``."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, __import__("enum").Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def _pickle_3112(obj) -> bytes:
+    buf = io.BytesIO()
+    _Py3112Pickler(buf).dump(obj)
+    return buf.getvalue()
+
+
+def test_metadata_pickled_by_python_3112_loads_and_getattr_stays_closed(tmp_path):
+    """Python 3.11.2 writes DCP metadata enums as builtins.getattr(cls, name): the reader
+    takes exactly those (an enum member of a checkpoint type), and refuses getattr for anything else."""
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = tmp_path / "ckpt"
+    dcp.save({"w": torch.ones(3, 2), "lr": 0.5}, checkpoint_id=str(ckpt), no_dist=True)
+    real = dcp_safe.load_metadata(ckpt / ".metadata")
+    data = _pickle_3112(real)
+    assert b"getattr" in data
+    (ckpt / ".metadata").write_bytes(data)
+    again = dcp_safe.load_metadata(ckpt / ".metadata")
+    assert again.state_dict_metadata == real.state_dict_metadata
+    state = {"w": torch.zeros(3, 2), "lr": 0.0}
+    dcp_safe.load(state, ckpt)
+    assert torch.equal(state["w"], torch.ones(3, 2)) and state["lr"] == 0.5
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING as Encoding
+
+    bad = tmp_path / ".metadata"
+    for obj, name, named in ((Encoding, "__class__", "getattr(_MEM_FORMAT_ENCODING, '__class__')"),
+                             (Encoding, "_missing_", "getattr(_MEM_FORMAT_ENCODING, '_missing_')"),
+                             (torch.Size, "__reduce__", "getattr(Size, '__reduce__')"),
+                             (__import__("signal").Signals, "SIGKILL", "signal.Signals"),
+                             (Path, "home", "getattr(Path, 'home')")):
+        bad.write_bytes(_pickle_getattr(obj, name))
+        with pytest.raises(dcp_safe.UnsafeCheckpoint, match=re.escape(named)):
+            dcp_safe.load_metadata(bad)
+
+
+def _pickle_getattr(obj, name: str) -> bytes:
+    class _Call:
+        def __reduce__(self):
+            return getattr, (obj, name)
+
+    return pickle.dumps(_Call())

@@ -97,3 +97,39 @@ def test_registries_docker_accepts_render(registry):
 def test_registry_and_image_together_is_an_error():
     rc, _, err = run_inproc(["docker", "--registry", REG, "--image", "x/y:1"])
     assert rc == 2 and "--registry and --image" in err
+
+
+def _make_dry_run(*args: str) -> str:
+    proc = subprocess.run([shutil.which("make") or "make", "--no-print-directory", "-n", "-f", "docker/docker.mk",
+                           *args], cwd=REPO, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["k8s", "--nnodes", "2"], ["k8s", "--api", "pytorchjob", "--nnodes", "2"],
+                                  ["slurm", "--pyxis", "--nnodes", "2"]])
+def test_gb200_jobs_name_the_multi_arch_image(argv, monkeypatch):
+    """GB200 trays are arm64 (Grace): the jobs name the image that `make build-image push
+    PLATFORMS=linux/amd64,linux/arm64` builds as a manifest list and pushes under that name."""
+    monkeypatch.delenv("REGISTRY")
+    name = _make_image_name("TARGET=blackwell", f"REGISTRY={REG}")
+    text = render([*argv, "--profile", "gb200", "--registry", REG])
+    note = next(ln for ln in text.splitlines() if ln.startswith("# Note: arm64"))
+    assert "linux/arm64" in note and "PLATFORMS=linux/amd64,linux/arm64" in note and "TARGET=blackwell" in note
+    if argv[0] == "slurm":
+        assert f"'--container-image={REG.replace('/', '#', 1)}/hopper-train:blackwell'" in text
+    else:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        if argv[-1] == "2" and "pytorchjob" not in argv:
+            assert "ComputeDomain" in {d["kind"] for d in docs}
+            assert _images(text) == {name}
+        else:
+            assert f'image: "{name}"' in text
+        assert text.count('"kubernetes.io/arch": "arm64"') + text.count("kubernetes.io/arch: arm64") >= 1
+    for engine, made in (("podman", "--manifest hopper-train:blackwell"),
+                         ("docker", "--platform linux/amd64,linux/arm64")):
+        dry = _make_dry_run("build-image", "push", "TARGET=blackwell", "PLATFORMS=linux/amd64,linux/arm64",
+                            f"REGISTRY={REG}", f"ENGINE={engine}")
+        assert made in dry and "--platform linux/amd64,linux/arm64" in dry
+        pushed = f"docker://{name}" if engine == "podman" else f"-t {name} --push"
+        assert pushed in dry, dry

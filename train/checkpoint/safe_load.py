@@ -11,10 +11,9 @@ any code when a job resumes from it. Here:
   ``BytesStorageMetadata``, ``ChunkStorageMetadata``, ``TensorProperties``,
   ``MetadataIndex``, ``StorageMeta``, ``_StorageInfo``...: by module, so the names torch
   2.7 to 2.13 use all load), ``torch.Size``, torch dtypes, layouts and memory formats,
-  ``pathlib`` paths and ``collections.OrderedDict``; ``builtins.getattr`` only as some
-  Python versions pickle an enum member (``getattr(EnumClass, "NAME")``): it yields members of
-  the allowed enums and nothing else. Any other global is :class:`UnsafeCheckpoint`, naming
-  the file and the global.
+  ``pathlib`` paths and ``collections.OrderedDict``; ``builtins.getattr`` only as an enum
+  member of those (Python 3.11.2 pickles one so). Any other global is
+  :class:`UnsafeCheckpoint`, naming the file and the global.
 * :class:`SafeReader` is ``FileSystemReader`` reading ``.metadata`` through it.
 * :class:`SafePlanner` is ``DefaultLoadPlanner`` loading non-tensor entries with
   ``torch.load(weights_only=True)`` (tensors already are).
@@ -88,7 +87,7 @@ class MetadataUnpickler(pickle.Unpickler):
         self.where = where
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" and name == "getattr":
+        if (module, name) == ("builtins", "getattr"):
             return self._enum_member
         obj = _allowed(module, name)
         if obj is None:
@@ -97,13 +96,13 @@ class MetadataUnpickler(pickle.Unpickler):
         return obj
 
     def _enum_member(self, cls: Any, name: Any) -> enum.Enum:
-        """``getattr(cls, name)`` for a member of an allowed enum, as Python 3.11.0-3.11.3 pickle one."""
-        members = getattr(cls, "__members__", None) if isinstance(cls, type) and issubclass(cls, enum.Enum) else None
-        if members is None or not isinstance(name, str) or name not in members:
-            raise UnsafeCheckpoint(f"{self.where}: holds builtins.getattr on {getattr(cls, '__name__', type(cls).__name__)}"
-                                   f".{str(name)[:60]}, which is no enum member of a torch checkpoint's metadata; "
-                                   "not loaded (it could run code)")
-        return members[name]
+        """``getattr(cls, name)`` for a member of an enum that passed :meth:`find_class` and for
+        nothing else: how Python 3.11.2 (Debian 12's python3) pickles an enum member, where
+        later releases pickle ``cls(value)``."""
+        if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+            return cls[name]
+        raise UnsafeCheckpoint(f"{self.where}: holds getattr({getattr(cls, '__name__', type(cls).__name__)}, "
+                               f"{str(name)[:60]!r}), which is no part of a torch checkpoint's metadata; not loaded")
 
     def persistent_load(self, pid):  # torch never writes persistent ids into .metadata
         raise UnsafeCheckpoint(f"{self.where}: holds a persistent id, which is no part of a torch checkpoint's metadata")

@@ -58,6 +58,15 @@ def _memory_target(report: dict, prof: dict | None, gpus: int | None) -> tuple[i
     return gpus or 8, None, "no GPU visible; use --profile for a recommendation"
 
 
+def _check_cpu_arch(report: dict, prof: dict) -> None:
+    """A note when this host's CPU is not the profile's: the image must also be built for that one."""
+    host = report.get("cpu_arch")
+    if host and prof.get("cpu_arch") and host != prof["cpu_arch"]:
+        report["notes"].append(f"profile {prof['name']} has {prof['cpu_arch']} CPUs, this host is {host} "
+                               f"({report['platform']}): its nodes need an image built for linux/{prof['cpu_arch']} "
+                               "(make build-image PLATFORMS=linux/amd64,linux/arm64)")
+
+
 @click.command("doctor")
 @click.option("--preset", default="1b", show_default=True, help="Model preset for the memory estimate.")
 @click.option("--seq", type=int, help="Sequence length (default: the preset's config, else 2048).")
@@ -83,6 +92,7 @@ def doctor(preset, seq, batch, gpus, profile, check_nccl, measure, as_json) -> N
     count, mem_bytes, source = _memory_target(report, prof, gpus)
     if prof:
         report["profile"] = prof
+        _check_cpu_arch(report, prof)
     report["memory"] = memory_section(preset, seq, batch, count, mem_bytes, source, report["versions"]["torch"])
     caps = [tuple(int(x) for x in g["capability"].split(".")) for g in report["gpus"] if "capability" in g]
     cap = capability(prof["arch"]) if prof else (min(caps) if caps else None)

@@ -45,8 +45,27 @@ def image_cuda(torch_cuda: str | None) -> str | None:
     return os.environ.get("CUDA_VERSION") or torch_cuda
 
 
-def fit(driver: str | None, cuda: str | None, datacenter: bool | None = None) -> Fit:
-    """``driver`` as nvidia-smi prints it (570.124.06), ``cuda`` the image's CUDA (12.8.1)."""
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def cpu_arch(machine: str | None) -> str | None:
+    """The image architecture (``amd64`` / ``arm64``, as profiles and ``--platform`` name it) of
+    ``platform.machine()`` (``x86_64``, ``aarch64``; ``AMD64``, ``arm64`` elsewhere); None if unknown."""
+    return _ARCH.get((machine or "").lower())
+
+
+def fit(driver: str | None, cuda: str | None, datacenter: bool | None = None, machine: str | None = None) -> Fit:
+    """``driver`` as nvidia-smi prints it (570.124.06), ``cuda`` the image's CUDA (12.8.1), ``machine``
+    the CPU (``platform.machine()``): named at the end of the line, e.g. ``(CPU aarch64 = arm64)``."""
+    verdict = _fit(driver, cuda, datacenter)
+    if not machine:
+        return verdict
+    arch = cpu_arch(machine)
+    where = f"CPU {machine}" + (f" = {arch}" if arch and arch != machine else "")
+    return Fit(verdict.ok, f"{verdict.line} ({where})")
+
+
+def _fit(driver: str | None, cuda: str | None, datacenter: bool | None) -> Fit:
     d, c = _version(driver), _version(cuda)
     if c is None:
         return Fit(None, "driver/CUDA: CPU-only torch, no CUDA to check")

@@ -13,7 +13,7 @@ from train.hardware import fp8_kinds, mxfp8_backends
 
 
 def load_profile(name: str) -> dict:
-    """``{"name", "model", "arch", "gpus_per_node", "memory_gb", "fp8", "nvlink", "fp8_by_arch",
+    """``{"name", "model", "arch", "gpus_per_node", "memory_gb", "fp8", "nvlink", "cpu_arch", "fp8_by_arch",
     "mxfp8_backends"}`` of a hardware profile; raises ``KeyError`` naming the valid profiles
     when ``name`` is unknown, or the file's problem when it cannot be read."""
     files = available("profiles")
@@ -34,6 +34,7 @@ def load_profile(name: str) -> dict:
         "memory_gb": prof.memory_gb,
         "fp8": list(prof.fp8),
         "nvlink": bool(prof.nvlink),
+        "cpu_arch": prof.cpu_arch,
         "fp8_by_arch": list(fp8_kinds(cap)) if cap else None,
         "mxfp8_backends": list(mxfp8_backends(cap)) if cap else None,
     }

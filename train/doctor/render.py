@@ -96,7 +96,8 @@ def _profile(prof: dict | None) -> list[str]:
     mx = ", ".join(prof["mxfp8_backends"] or []) or "none"
     return ["",
             f"Profile   {prof['name']}: {prof['model']}, {prof['arch']}, {prof['gpus_per_node']} GPUs/node, "
-            f"{prof['memory_gb'] or '?'} GB, NVLink {'yes' if prof['nvlink'] else 'no'}",
+            f"{prof['memory_gb'] or '?'} GB, NVLink {'yes' if prof['nvlink'] else 'no'}"
+            + (f", CPU {prof['cpu_arch']}" if prof.get("cpu_arch") else ""),
             f"          FP8 ({prof['arch']}): {fp8}; MXFP8 backends: {mx}; profile lists: "
             f"{', '.join(prof['fp8']) or 'none'}"]
 

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from train.doctor import libraries, probes
-from train.doctor.cuda_compat import fit, image_cuda, is_datacenter
+from train.doctor.cuda_compat import cpu_arch, fit, image_cuda, is_datacenter
 from train.doctor.netplugin import probe as probe_net_plugin
 from train.hardware import fp8_kinds, mxfp8_backends, peak_bf16_tflops
 from train.memory import GiB
@@ -69,7 +69,8 @@ def _versions(torch, driver: str | None) -> dict:
 def _base_report(torch, smi: list[dict] | None, cuda_ok: bool, found: _Findings) -> dict:
     """What every report has: host, versions, the driver/CUDA verdict; GPU fields empty."""
     driver = smi[0]["driver"] if smi else None
-    driver_fit = fit(driver, image_cuda(torch.version.cuda), is_datacenter(smi[0]["name"] if smi else None))
+    driver_fit = fit(driver, image_cuda(torch.version.cuda), is_datacenter(smi[0]["name"] if smi else None),
+                     platform.machine())
     if driver_fit.ok is False:
         found.problems.append(driver_fit.line)
     net = probe_net_plugin()  # which NCCL net plugin NCCL would dlopen (a child process, no NCCL init)
@@ -81,6 +82,7 @@ def _base_report(torch, smi: list[dict] | None, cuda_ok: bool, found: _Findings)
         "schema": SCHEMA,
         "host": platform.node(),
         "platform": f"{platform.system()} {platform.machine()}",
+        "cpu_arch": cpu_arch(platform.machine()),
         "python": platform.python_version(),
         "versions": _versions(torch, driver),
         "cuda_available": cuda_ok,

@@ -8,7 +8,7 @@
 # Note: Multi-node NVLink needs an operational IMEX domain; launch k8s renders a DRA ComputeDomain (NVIDIA GPU DRA driver) and its resource claim for multi-node jobs.
 # Note: Keep all nodes of a job inside one NVL72 rack (same nvidia.com/gpu.clique label) to stay on NVLink.
 # Note: NVLink SHARP (NVLS) is used when NCCL detects it; launch never sets NCCL_NVLS_ENABLE.
-# Note: arm64 nodes need an arm64 (or multi-arch) image.
+# Note: arm64 (Grace) nodes: the image named here must hold linux/arm64: build and push it multi-arch (make build-image push TARGET=blackwell PLATFORMS=linux/amd64,linux/arm64 REGISTRY=...; docker/README.md).
 # Note: NCCL finds the HCAs, their GPU affinity and GPUDirect RDMA by itself; set --ib-hca only to exclude storage/management HCAs.
 # Exit status: torchrun's; after SIGTERM/SIGINT with the checkpoint written, 143/130.
 set -euo pipefail
