@@ -22,9 +22,7 @@ def run_copy(_finished_run, tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def _registry():
+def _registry(monkeypatch):
     """The launch cases render for a registry (as after `make push REGISTRY=...`), so that each case
     meets the check it is about rather than the short-image-name rule of the cluster backends."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REGISTRY", "registry.example.invalid/ml")
-        yield
+    monkeypatch.setenv("REGISTRY", "registry.example.invalid/ml")

@@ -10,8 +10,7 @@ TEST_REGISTRY = "registry.example.invalid/ml"
 
 
 @pytest.fixture(autouse=True)
-def _registry():
-    # its own MonkeyPatch: a test's monkeypatch.undo() leaves this one in place
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("REGISTRY", TEST_REGISTRY)
-        yield
+def _registry(monkeypatch):
+    # the test's own monkeypatch: one undo stack, so a test that clears or changes REGISTRY
+    # leaves the environment as it found it whatever the order of the fixtures' teardowns
+    monkeypatch.setenv("REGISTRY", TEST_REGISTRY)

@@ -104,11 +104,11 @@ def _capture(monkeypatch, argv: list[str]) -> tuple[str, dict]:
         if info.name not in ("__main__",):
             importlib.import_module(f"launch.{info.name}")
     original = launch.render.render
-    for name, module in list(sys.modules.items()):
-        if name.startswith("launch.") and getattr(module, "render", None) is original:
-            monkeypatch.setattr(module, "render", fake_render)
-    rc, _, err = run_inproc([*argv, *(TRAIN_ARGS if argv[0] != "k8s-runtime" else [])])  # a runtime takes no args
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, module in list(sys.modules.items()):
+            if name.startswith("launch.") and getattr(module, "render", None) is original:
+                mp.setattr(module, "render", fake_render)
+        rc, _, err = run_inproc([*argv, *(TRAIN_ARGS if argv[0] != "k8s-runtime" else [])])  # a runtime: no args
     assert rc == 0 and len(seen) == 1, err
     return seen[0]
 
