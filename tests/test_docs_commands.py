@@ -23,6 +23,7 @@ How a page is exercised (the convention, in full in tests/docs_blocks.py):
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from docs_render import check
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
 PAGE_TIMEOUT_S = 600  # a hang guard; the pages' commands take seconds each
+DATA_EXTRA = ("datasets", "tokenizers", "pyarrow")  # what tests/docs_fixtures.py data-inputs uses
 
 # Pages whose commands fail as written and that are being rewritten: not run, so each shows as
 # XFAIL. Empty: every page's commands run as written.
@@ -97,6 +99,10 @@ def _run_page(rel: str, tmp: Path, path: Path | None = None) -> None:
                                                                         run=False))
                                  if p in PENDING_REWRITE else p for p in PAGES])
 def test_every_command_of_the_page_works_as_written(rel, tmp_path):
+    if "docs_fixtures.py data-inputs" in (ROOT / rel).read_text():  # its examples prepare data sets
+        missing = [m for m in DATA_EXTRA if importlib.util.find_spec(m) is None]
+        if missing:
+            pytest.skip(f"{rel}: needs the data extra ({', '.join(missing)} missing): pip install -e '.[data]'")
     _run_page(rel, tmp_path)
 
 
