@@ -60,7 +60,7 @@ for version in $RANGE; do
     if [[ -z ${TORCH_RANGE_TESTS:-} && $version == 2.7.* ]]; then
         eval "args+=($DESELECT_2_7)"
     fi
-    (cd "$REPO" && PYTHONPATH=$REPO PATH="$venv/bin:$PATH" timeout --kill-after=30 1200 \
+    (cd "$REPO" && PYTHONPATH=$REPO PATH="$venv/bin:$PATH" timeout --kill-after=30 1800 \
         "$venv/bin/python" -m pytest "${args[@]}") || rc=1
     echo "==> [torch_range] torch $version: tests $((SECONDS - t0))s, $([[ $rc == 0 ]] && echo passed || echo FAILED)"
 done
