@@ -13,6 +13,8 @@ command and the problem:
   by its click command (option names, types, choices);
 * ``bash FILE``, ``sbatch FILE``: the file exists, ``bash -n`` and shellcheck pass;
 * ``kubectl apply -f FILE``: the file exists and is YAML;
+* ``python3 scripts/gpu/tables.py TABLE ...``: run with ``--dry-run`` (on a 4-GPU machine): it
+  prints the runs it would make, or refuses its arguments;
 * ``python FILE.py`` / ``torchrun FILE.py``: the file exists and compiles.
 
 Anything else has no fallback: run it, or mark its block ``skip`` with a reason.
@@ -56,6 +58,8 @@ def _dispatch(argv: list[str], world: int) -> None:
             return _train(argv[3:], world)
         if argv[1:3] == ["-m", "torch.distributed.run"]:
             return _torchrun(argv[3:])
+        if len(argv) > 1 and argv[1].endswith("scripts/gpu/tables.py"):
+            return _gpu_table(argv)
         if len(argv) > 1 and argv[1].endswith(".py"):
             return _python_file(argv[1])
     if name == "train":
@@ -173,6 +177,15 @@ def _yaml_file(path: str) -> None:
         docs = [d for d in yaml.safe_load_all(f.read_text()) if d is not None]
         if not docs or not all(isinstance(d, dict) and "kind" in d for d in docs):
             raise AssertionError(f"{f}: not a Kubernetes manifest (a YAML mapping with a kind)")
+
+
+def _gpu_table(argv: list[str]) -> None:
+    import sys
+
+    out = subprocess.run([sys.executable, *argv[1:], "--dry-run", "--visible", "4"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PIP_NO_INDEX="1"))
+    if out.returncode != 0:
+        raise AssertionError(f"`{' '.join(argv)[:160]}` --dry-run: exit {out.returncode}: {out.stderr[-300:]}")
 
 
 def _python_file(path: str) -> None:

@@ -51,10 +51,11 @@ def test_fp8_table_in_the_doc_is_the_one_rendered_from_the_kept_raw_files(tables
 
 def _bench_runs(tables, tmp_path):
     runs = []
-    for table, plan in (("vs-titan", tables.plan_vs_titan), ("fp8", tables.plan_fp8), ("levers", tables.plan_levers)):
+    for table, plan in (("vs-titan", tables.plan_vs_titan), ("fp8", tables.plan_fp8), ("levers", tables.plan_levers),
+                        ("mesh", tables.plan_mesh)):
         points = sorted(tables.LEVERS) if table == "levers" else [None]
         for point in points:
-            a = Namespace(skip_bf16=4, skip_fp8=3, seed=1, point=point, dry_run=False, table_dir=tmp_path)
+            a = Namespace(skip_bf16=4, skip_fp8=3, seed=1, point=point, dry_run=False, table_dir=tmp_path, gpus="4")
             runs += [r for step in plan(a) for lane in step for r in lane if r.side == "ours"]
     return runs
 
@@ -66,7 +67,7 @@ def test_every_bench_step_launch_parses_and_every_point_validates(tables, tmp_pa
     from train.bench.step import step_cmd
 
     runs = _bench_runs(tables, tmp_path)
-    assert {r.name for r in runs} >= {"1b_bf16", "1b_fsdp2", "8b_fp8", "fp8loss_seed1", "levers_8b"}
+    assert {r.name for r in runs} >= {"1b_bf16", "1b_fsdp2", "8b_fp8", "fp8loss_seed1", "levers_8b", "mesh_8b_g4"}
     for run in runs:
         ctx = step_cmd.make_context("step", ["--device", "cpu", "--out", str(tmp_path), *run.args])
         p = ctx.params
@@ -118,3 +119,34 @@ def test_the_docs_name_only_tables_the_command_has(tables):
         named |= set(re.findall(r"tables\.py ([\w-]+)", doc.read_text()))
     named -= {"TABLE"}
     assert named and named <= set(tables.TABLES), named - set(tables.TABLES)
+
+
+def test_mesh_table_in_the_doc_is_the_one_rendered_and_its_meshes_share_one_global_batch(tables, tmp_path):
+    """The 4-GPU mesh table of docs/parallel.md is rendered from the kept raw files; every mesh of
+    the plan sees 16 sequences a step (batch per rank x data-parallel ranks) on the same data."""
+    from train.bench.grid import expand_all, load_plan
+
+    rendered = tables.render("mesh", [ROOT / "docs" / "results" / "h200x4-mesh"])
+    assert rendered.count("| dp_replicate=") == 3 and "recommends FSDP2" in rendered
+    doc = (ROOT / "docs" / "parallel.md").read_text()
+    for tps in ("11,191", "10,392", "10,180", "2.3864", "2.3617", "2.3673"):
+        assert tps in rendered and tps in doc
+    tables.plan_mesh(Namespace(gpus="4", dry_run=False, table_dir=tmp_path))
+    defaults = {"preset": "tiny", "strategy": "ddp", "fp8": "none", "ac": "none", "batch": "4", "seq": "128",
+                "steps": 10, "warmup": 3, "data": "synthetic", "compile": "off", "set": []}
+    points = expand_all(load_plan(tmp_path / "mesh_8b_g4.yaml", defaults))
+    dp = {"fsdp": 4, "hsdp": 4, "fsdp_tp": 2}
+    assert sorted(p["strategy"] for p in points) == ["fsdp", "fsdp_tp", "hsdp"]
+    assert {int(p["batch"]) * dp[p["strategy"]] for p in points} == {16}
+    assert {p["data"] for p in points} == {"embedded"} and {p["steps"] for p in points} == {100}
+
+
+def test_defaults_table_in_the_readme_is_the_one_rendered_from_the_kept_raw_files(tables):
+    raw = ROOT / "docs" / "results" / "h200x4-defaults"
+    rendered = tables.render("defaults", [raw / c for c in ("call1", "call4", "call2", "call5")])
+    assert (raw / "table.md").read_text() == rendered
+    readme = (ROOT / "README.md").read_text()
+    for row in _rows(rendered):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        ours, ratio = cells[3], cells[4]
+        assert ours in readme and ratio in readme, row

@@ -15,11 +15,13 @@ The rules (each one measured: docs/plan.md):
   fused over chunks, no full logits) where compile is on and the vocabulary is not sharded
   (``parallel.tp == 1``); the chunk is the largest power of two <= 8192 tokens whose fp32
   logits fit in 1 GiB (1b, 32k vocabulary: 8192; 8b, 128k vocabulary: 2048).
-* ``parallel.ac_skip_last`` (activation checkpointing on): the last k blocks are left out of
-  AC where their saved activations fit under the step's end-of-backward peak (the memory
-  model, ``train.memory``; FP8 blocks save :data:`FP8_ACTIVATION_FRACTION` of bf16's)
-  and the allocator's reserved memory stays :data:`HEADROOM_BYTES` below the card's memory.
-* FSDP2 without AC on several GPUs: the reduce-scatter on the copy engines too
+* ``parallel.ac_skip_last`` (activation checkpointing on): every block is left out of AC where
+  all their saved activations fit the card (the allocator's reserved memory, by the memory
+  model ``train.memory``, stays :data:`HEADROOM_BYTES` below the card's memory): nothing is
+  recomputed. Otherwise the last k blocks are left out where their saved activations fit under
+  the step's end-of-backward peak (FP8 blocks save :data:`FP8_ACTIVATION_FRACTION` of bf16's),
+  so the peak stays that of AC on every block.
+* FSDP2 without AC (or with every block left out of it) on several GPUs: the reduce-scatter on the copy engines too
   (``fsdp_symm_mem=all``, where ``auto`` would take the copy-engine all-gather), and the
   activation budget 0.999 on the first 3/8 of the blocks.
 * ``fp8.fsdp_float8_all_gather``: off with FSDP2 within one node (bf16 all-gather, cast inside
@@ -182,7 +184,12 @@ def ac_skip(inputs: PlanInputs, budget: int) -> tuple[int, str]:
     reserved0 = int(step * RESERVED_OVER_STEP["fp8" if fp8 else "bf16"])
     per_block = max(1, int(RESERVED_PER_BLOCK * (a_block - a_in)))
     k_mem = max(0, (budget - reserved0) // per_block)
-    k = int(min(k_peak, k_mem, cfg.n_layers))
+    if k_mem >= cfg.n_layers:  # every block's activations fit the card: no recompute at all
+        k = cfg.n_layers
+        why = (f"AC off every block (all {k} fit: reserved est {(reserved0 + k * per_block) / GiB:.1f} of "
+               f"{budget / GiB:.1f} GiB)")
+        return k, why
+    k = int(min(k_peak, k_mem))
     why = (f"AC off the last {k} of {cfg.n_layers} blocks (peak allows {k_peak}, memory {k_mem}: "
            f"reserved est {(reserved0 + k * per_block) / GiB:.1f} of {budget / GiB:.1f} GiB)")
     if reserved0 > budget:
@@ -233,11 +240,13 @@ def plan(inputs: PlanInputs) -> PlanResult:
             res.reasons.append(f"loss chunked by {chunk} tokens")
         else:
             res.reasons.append("loss chunked")
+    no_ac = inputs.ac == "none"
     if inputs.ac != "none" and _open(inputs, "parallel.ac_skip_last"):
         k, why = ac_skip(inputs, res.budget_bytes)
         res.values["parallel.ac_skip_last"] = k
         res.reasons.append(why)
-    elif inputs.ac == "none" and inputs.strategy == "fsdp" and inputs.world > 1 and inputs.tp == 1:
+        no_ac = k >= inputs.model.n_layers
+    if no_ac and inputs.strategy == "fsdp" and inputs.world > 1 and inputs.tp == 1:
         _fsdp_no_ac(inputs, res)
     one_node = inputs.local_world >= inputs.world  # NVLink: the bf16 all-gather's extra bytes are cheap
     if inputs.fp8 == "tensorwise" and inputs.strategy == "fsdp" and 1 < inputs.world and one_node:

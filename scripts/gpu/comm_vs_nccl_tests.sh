@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# nccl-tests and `train bench comm` side by side, one call, 2 GPUs of one host:
+# nccl-tests and `train bench comm` side by side, one call, on N GPUs of one host (default 2):
 #
-#     OUT=/some/dir bash scripts/gpu/comm_vs_nccl_tests.sh
+#     OUT=/some/dir [COMM_GPUS=4] bash scripts/gpu/comm_vs_nccl_tests.sh
 #
 # 1. Builds NVIDIA's nccl-tests from a pinned source tarball (NCCL_TESTS_TARBALL, default
 #    .nccltests/nccl-tests-$NCCL_TESTS_VERSION.tar.gz, carried beside the checkout: it is
@@ -9,15 +9,16 @@
 #    github.com/NVIDIA/nccl-tests; its sha256 is checked before anything is built) against the
 #    NCCL that torch loads (the nvidia-nccl wheel: its headers and libnccl.so.2), for sm_90.
 # 2. Runs all_reduce_perf, all_gather_perf and reduce_scatter_perf, float32, -b 8K -e 1G -f 2
-#    on both GPUs: the default loop (-g 2), CUDA graphs (-G 10), blocking (-z 1) and one thread
-#    per GPU (-t 2 -g 1).
+#    on the N GPUs: the default loop (-g N), CUDA graphs (-G 10), blocking (-z 1) and one thread
+#    per GPU (-t N -g 1).
 # 3. Runs `train bench comm` over the same operations and sizes with --graph (device_us,
 #    graph_us, host_us), and `train bench comm --impl nccl,symm_mem --graph` (4K..4M).
 # 4. Writes the comparison (scripts/gpu/nccl_tests_compare.py): per size nccl-tests' time next
 #    to the bench's, and whether they agree within 10%.
 #
 # Files in $OUT (flat): summary.md, compare.json, nccl_tests.txt (every nccl-tests output,
-# each after its command), comm.json, comm.md, latency.json, latency.md, run.log.
+# each after its command), comm.json, comm.md, latency.json, latency.md, registered.json,
+# registered.md (all_gather and reduce_scatter with NCCL buffer registration), run.log.
 # Wall time: under 8 minutes on 2xH100 (each step has its own timeout).
 set -euo pipefail
 
@@ -53,8 +54,10 @@ say "nccl-tests $NCCL_TESTS_VERSION (commit $NCCL_TESTS_COMMIT), tarball $TARBAL
 got=$(sha256sum "$TARBALL" | cut -d' ' -f1)
 [ "$got" = "$NCCL_TESTS_SHA256" ] || die "$TARBALL: sha256 $got, expected $NCCL_TESTS_SHA256"
 say "sha256 $got: OK"
+N="${COMM_GPUS:-2}"
+case "$N" in ""|*[!0-9]*) die "COMM_GPUS=$N: not a GPU count" ;; esac
 ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
-[ "$ngpu" -ge 2 ] || die "needs 2 GPUs, found $ngpu"
+[ "$ngpu" -ge "$N" ] && [ "$N" -ge 2 ] || die "needs $N GPUs (at least 2), found $ngpu"
 
 # --- the NCCL that torch loads: its headers and library, as an NCCL_HOME for nccl-tests' Makefile
 "$PY" - "$WORK/nccl" "$root/.nccltests/include" >> "$LOG" 2>&1 <<'PYEOF' || die "no NCCL headers/library for nccl-tests (see run.log)"
@@ -120,11 +123,18 @@ nccl_tests() {  # nccl_tests VARIANT OP ARGS...
     echo "### exit $rc" >> "$NT"
     say "nccl-tests $variant $op: exit $rc"
 }
+# COMM_VARIANTS: which of the four (default: all); COMM_LATENCY=0 skips the symmetric-memory run.
+read -r -a variants <<< "${COMM_VARIANTS:-default graph blocking threads}"
 for op in all_reduce all_gather reduce_scatter; do
-    nccl_tests default "$op" -g 2
-    nccl_tests graph "$op" -g 2 -G 10 -c 0
-    nccl_tests blocking "$op" -g 2 -z 1 -c 0
-    nccl_tests threads "$op" -t 2 -g 1 -c 0
+    for v in "${variants[@]}"; do
+        case "$v" in
+            default) nccl_tests default "$op" -g "$N" ;;
+            graph) nccl_tests graph "$op" -g "$N" -G 10 -c 0 ;;
+            blocking) nccl_tests blocking "$op" -g "$N" -z 1 -c 0 ;;
+            threads) nccl_tests threads "$op" -t "$N" -g 1 -c 0 ;;
+            *) die "COMM_VARIANTS: unknown variant $v (default, graph, blocking, threads)" ;;
+        esac
+    done
 done
 
 # --- train bench comm: the same operations and sizes, then NCCL against symmetric memory
@@ -132,8 +142,8 @@ bench() {  # bench NAME LIMIT ARGS...
     local name=$1 limit=$2 rc=0
     shift 2
     say "train bench comm $*"
-    echo "### torchrun --standalone --nproc-per-node 2 -m train bench comm $*" >> "$LOG"
-    timeout -k 10 "$limit" "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 \
+    echo "### torchrun --standalone --nproc-per-node $N -m train bench comm $*" >> "$LOG"
+    timeout -k 10 "$limit" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$N" \
         -m train bench comm "$@" --out "$WORK/bench" --name "$name" >> "$LOG" 2>&1 || rc=$?
     say "$name: exit $rc"
     for f in "$name.json" "$name.md"; do
@@ -142,7 +152,16 @@ bench() {  # bench NAME LIMIT ARGS...
 }
 bench comm 240 --ops all_reduce,all_gather,reduce_scatter --dtype float32 --min-bytes 8K --max-bytes 1G \
     --factor 2 --graph --no-p2p
-bench latency 120 --impl nccl,symm_mem --min-bytes 4K --max-bytes 4M --graph
+if [ "${COMM_LATENCY:-1}" = 1 ]; then
+    bench latency 120 --impl nccl,symm_mem --min-bytes 4K --max-bytes 4M --graph
+fi
+# NCCL user-buffer registration: nccl-tests -G gets it from CUDA-graph capture; here torch's allocator
+# registers its segments with NCCL (cuMem-backed: expandable segments). COMM_REGISTERED=0 skips it.
+if [ "${COMM_REGISTERED:-1}" = 1 ]; then
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 \
+        bench registered 150 --ops all_gather,reduce_scatter --dtype float32 --min-bytes 1M --max-bytes 1G \
+        --factor 4 --graph --no-p2p
+fi
 
 # --- the comparison
 [ -f "$RES/comm.json" ] || die "train bench comm wrote no comm.json (see run.log)"
@@ -151,7 +170,7 @@ if [ -f "$RES/latency.json" ]; then latency=("$RES/latency.json"); fi
 {
     echo "# nccl-tests $NCCL_TESTS_VERSION beside train bench comm"
     echo
-    echo "- command: \`OUT=... bash scripts/gpu/comm_vs_nccl_tests.sh\`"
+    echo "- command: \`OUT=... COMM_GPUS=$N bash scripts/gpu/comm_vs_nccl_tests.sh\`"
     echo "- nccl-tests: commit $NCCL_TESTS_COMMIT, tarball sha256 $NCCL_TESTS_SHA256, built for sm_90"
     echo "- $("$PY" -c 'import torch; print(f"torch {torch.__version__}, NCCL", ".".join(map(str, torch.cuda.nccl.version())), f"GPUs: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}")')"
     echo "- NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS"

@@ -12,11 +12,19 @@ Tables (machine; the doc that shows the table):
               ../shared/tools/titan_bench.md says; carry `.titan` and `.whl` to the device).
               --skip-bf16/--skip-fp8: parallel.ac_skip_last at 8b (4 / 3 on 80 GB cards, 8 / 11
               on 141 GB cards).
-  defaults    2 GPUs: the presets as a user runs them, `torchrun --nproc-per-node 2 -m train run --config P
+  defaults    1-4 GPUs: the presets as a user runs them, `torchrun --nproc-per-node N -m train run --config P
               --set data.source=synthetic` (the automatic plan deciding the rest; FP8: fp8.backend=torchao)
-              against torchtitan with compile on and the preset's batch, sequence length and AC, both
-              sides in the same call (docs/plan.md). --points: a comma list of 8b, 1b, 8b_fp8, 1b_fp8
-              (default 8b,1b: about 8 minutes on 2xH100; the FP8 pair in a second call).
+              against torchtitan with compile on and the preset's batch and sequence length, both sides
+              in the same call (docs/plan.md). torchtitan runs the preset's AC, or none where the plan
+              leaves every block out of AC on this machine (its best at that shape). --points: a comma
+              list of 8b, 1b, 8b_fp8, 1b_fp8 (default 8b,1b); --gpus: a comma list of GPU counts
+              (default 2). Where the machine has twice the GPUs of a point, the two sides run at the
+              same time on separate GPUs, twice, swapping GPUs (each side measured on both); otherwise
+              one after the other.
+  mesh        4+ GPUs (--gpus N, default 4): 8b meshes over N GPUs, FSDP2 (DP N), HSDP (2 replicas x
+              N/2 shards) and TP 2 x DP N/2, the same 16-sequence-per-4-GPU global batch, 100 steps on
+              the embedded text, same seed: tokens/s/GPU, peak memory and the loss curve; then
+              `train doctor --preset 8b --gpus N` (its recommendation) (docs/parallel.md).
   fp8         2 GPUs: 8b bf16 against FP8 tensorwise, 200 steps on the embedded text, one seed per
               call (--seed), then the FP8 bound of scripts/gpu/fp8_floor.py (docs/performance.md).
   levers      1-2 GPUs: each performance lever against the defaults at one point (--point
@@ -43,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -54,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SHELL_TABLES = {"parallel": "parallel.sh", "comm": "comm.sh", "slowlink": "slowlink.sh", "doctor": "doctor.sh",
                 "checkpoint": "async_ckpt.sh", "fault": "fault.sh", "demo": "smoke.sh"}
-TABLES = ("vs-titan", "defaults", "fp8", "levers", *SHELL_TABLES)
+TABLES = ("vs-titan", "defaults", "mesh", "fp8", "levers", *SHELL_TABLES)
 
 P1B = ["--preset", "1b", "--batch", "8", "--seq", "2048", "--compile", "on", "--ac", "none", "--steps", "15",
        "--warmup", "4"]
@@ -227,19 +236,121 @@ def plan_vs_titan(a: argparse.Namespace) -> list[list[list[Run]]]:
     ]
 
 
+def planned_ac(presets: list[str], counts: list[int]) -> dict[tuple[str, int], str]:
+    """(preset, GPUs) -> the AC torchtitan runs: the preset's, or "none" where the automatic plan
+    leaves every block out of AC on this machine's cards (``train doctor``'s plan, one process)."""
+    probe = ("import json, sys, torch\n"
+             "from train.doctor.memreport import plan_section\n"
+             "from train.models.presets import MODEL_PRESETS\n"
+             "total = torch.cuda.mem_get_info(0)[1]; cap = torch.cuda.get_device_capability(0)\n"
+             "out = {}\n"
+             "for arg in sys.argv[1:]:\n"
+             "    preset, n, batch, seq = arg.split(':')\n"
+             "    v = plan_section(preset, int(seq), int(batch), int(n), total, cap, torch.__version__)['values']\n"
+             "    out[arg] = v.get('parallel.ac_skip_last', -1) >= MODEL_PRESETS[preset].n_layers\n"
+             "print(json.dumps(out))\n")
+    args = [f"{p}:{n}:{PRESET_SHAPE[p][0]}:{PRESET_SHAPE[p][1]}" for p in presets for n in counts]
+    res = subprocess.run([sys.executable, "-c", probe, *args], check=False, cwd=ROOT, env=environment(),
+                         capture_output=True, text=True)
+    none = json.loads(res.stdout) if res.returncode == 0 else {}
+    if res.returncode != 0:
+        print(f"[tables] plan probe failed; torchtitan runs the presets' AC: {res.stderr[-300:]}", flush=True)
+    return {(p, n): ("none" if none.get(f"{p}:{n}:{PRESET_SHAPE[p][0]}:{PRESET_SHAPE[p][1]}")
+                     else PRESET_SHAPE[p][2]) for p in presets for n in counts}
+
+
+def visible_gpus() -> int:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([d for d in env.split(",") if d.strip()])
+    res = subprocess.run(["nvidia-smi", "-L"], check=False, capture_output=True, text=True)
+    return sum(1 for line in res.stdout.splitlines() if line.startswith("GPU")) if res.returncode == 0 else 0
+
+
 def plan_defaults(a: argparse.Namespace) -> list[list[list[Run]]]:
-    runs = []
-    for point in a.points.split(","):
-        preset, fp8, steps, warmup = DEFAULT_POINTS[point]
-        batch, seq, ac = PRESET_SHAPE[preset]
-        limit = 140 if preset == "8b" else 120
-        runs.append(Run("titan", point, "0,1", 2, ["--preset", preset, "--batch", batch, "--seq", seq, "--compile",
-                                                   "on", "--ac", ac, "--fp8", fp8, "--steps", str(steps),
-                                                   "--warmup", str(warmup)], limit))
-        fp8_set = sets("fp8.backend=torchao") if fp8 != "none" else []
-        runs.append(Run("run", f"run_{point}", "0,1", 2, ["--config", preset, "--steps", str(steps + warmup),
-                                                          *RUN_SETS, *fp8_set], limit))
-    return [[runs]]
+    """One step per (GPU count, point): where twice the GPUs are visible, lanes of N GPUs run
+    torchtitan and ours at the same time and then swapped; otherwise torchtitan, then ours."""
+    points = a.points.split(",")
+    counts = [int(n) for n in a.gpus.split(",")]
+    visible = a.visible if a.visible is not None else visible_gpus()
+    acs = (planned_ac(sorted({DEFAULT_POINTS[p][0] for p in points}), counts) if not a.dry_run
+           else {(DEFAULT_POINTS[p][0], n): PRESET_SHAPE[DEFAULT_POINTS[p][0]][2] for p in points for n in counts})
+    steps_out = []
+    for n in counts:
+        pairs = max(1, min(visible // n, 4)) if visible >= 2 * n else 1
+        for point in points:
+            preset, fp8, steps, warmup = DEFAULT_POINTS[point]
+            batch, seq, _ = PRESET_SHAPE[preset]
+            limit = (170 if preset == "8b" else 130) + 10 * n
+
+            def titan(gpus: str, tag: str) -> Run:
+                return Run("titan", f"{point}_g{n}{tag}", gpus, n, [
+                    "--preset", preset, "--batch", batch, "--seq", seq, "--compile", "on", "--ac", acs[(preset, n)],
+                    "--fp8", fp8, "--steps", str(steps), "--warmup", str(warmup)], limit)
+
+            def ours(gpus: str, tag: str) -> Run:
+                fp8_set = sets("fp8.backend=torchao") if fp8 != "none" else []
+                return Run("run", f"run_{point}_g{n}{tag}", gpus, n, [
+                    "--config", preset, "--steps", str(steps + warmup), *RUN_SETS, *fp8_set], limit)
+
+            if pairs == 1:
+                gpus = ",".join(map(str, range(n)))
+                steps_out.append([[titan(gpus, ""), ours(gpus, "")]])
+                continue
+            lanes_ = []
+            for i in range(pairs):
+                gpus = ",".join(map(str, range(i * n, (i + 1) * n)))
+                first, second = (titan, ours) if i % 2 == 0 else (ours, titan)
+                lanes_.append([first(gpus, f"_l{i}"), second(gpus, f"_l{i}")])
+            steps_out.append(lanes_)
+    return steps_out
+
+
+def plan_mesh(a: argparse.Namespace) -> list[list[list[Run]]]:
+    """8b meshes over N GPUs, one ``train bench step --plan`` (the points one after another)."""
+    n = int(a.gpus.split(",")[0]) if a.gpus != "2" else 4
+    common = {"preset": "8b", "compile": "on", "ac": "full", "seq": 2048, "steps": 100, "warmup": 0,
+              "data": "embedded", "set": ["optim.warmup_steps=10", "train.log_every=10"]}
+    grids = [dict(common, strategy="fsdp,hsdp", batch=4), dict(common, strategy="fsdp_tp", batch=8)]
+    plan = a.table_dir / f"mesh_8b_g{n}.yaml"
+    if not a.dry_run:  # JSON is YAML: one flow mapping per grid
+        plan.write_text("".join(f"- {json.dumps(g)}\n" for g in grids))
+    gpus = ",".join(map(str, range(n)))
+    return [[[Run("ours", f"mesh_8b_g{n}", gpus, n, ["--plan", str(plan)], 540)]],
+            [[Run("script", f"doctor_8b_g{n}", gpus, 1, ["-m", "train", "doctor", "--preset", "8b", "--gpus", str(n),
+                                                         "--json"], 90)]]]
+
+
+def render_mesh(dirs: list[Path]) -> str:
+    lines = ["| mesh | GPUs | batch/rank | tok/s/GPU | MFU | peak GiB | first loss | final loss | final vs first row |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    recs = []
+    for d in dirs:
+        for p in sorted(d.glob("mesh_*.json")):
+            rows = json.loads(p.read_text())["rows"]
+            base = next((r for r in rows if r.get("status") == "ok"), None)
+            for r in rows:
+                if r.get("status") != "ok" or base is None:
+                    lines.append(f"| {r.get('mesh') or r.get('strategy')} | {r.get('gpus')} | {r.get('batch')} | "
+                                 f"{r.get('status')} | | | | | |")
+                    continue
+                mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
+                peak = f"{r['peak_mem_gib']:.2f}" if r.get("peak_mem_gib") is not None else "-"
+                lines.append(f"| {r.get('mesh') or r.get('strategy')} | {r.get('gpus')} | {r.get('batch')} | "
+                             f"{r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {peak} | {r['first_loss']:.4f} | "
+                             f"{r['final_loss']:.4f} | {100 * (r['final_loss'] / base['final_loss'] - 1):+.2f}% |")
+        for p in sorted(d.glob("mesh_*.log")):
+            recs += [f"- plan: {ln.split('plan: ', 1)[1]}" for ln in p.read_text(errors="replace").splitlines()
+                     if "plan: " in ln]
+        for p in sorted(d.glob("doctor_*.log")):
+            try:
+                text = p.read_text()
+                rec = json.loads(text[text.index("{"):])["memory"]["recommendation"]
+                recs.append(f"- `train doctor` ({p.stem}) recommends {rec.get('label')}, batch {rec.get('batch_per_gpu')} "
+                            f"per GPU: {rec.get('reason')}")
+            except (ValueError, KeyError) as exc:
+                recs.append(f"- `train doctor` ({p.stem}): unreadable ({exc})")
+    return "\n".join(lines + ([""] + recs if recs else [])) + "\n"
 
 
 def plan_fp8(a: argparse.Namespace) -> list[list[list[Run]]]:
@@ -293,7 +404,7 @@ def meta(env: dict[str, str]) -> dict:
 def measure(a: argparse.Namespace) -> int:
     if not a.dry_run:
         a.table_dir.mkdir(parents=True, exist_ok=True)
-    env = environment()
+    env = environment() if not a.dry_run else dict(os.environ)  # a dry run installs nothing
     if a.table in SHELL_TABLES:
         script = ROOT / "scripts" / "gpu" / SHELL_TABLES[a.table]
         if a.dry_run:
@@ -304,7 +415,8 @@ def measure(a: argparse.Namespace) -> int:
     ctx = Ctx(a.table_dir, a.budget_s, a.dry_run)
     if not a.dry_run:
         (a.table_dir / "meta.json").write_text(json.dumps(meta(env), indent=1) + "\n")
-    steps = {"vs-titan": plan_vs_titan, "defaults": plan_defaults, "fp8": plan_fp8, "levers": plan_levers}[a.table](a)
+    steps = {"vs-titan": plan_vs_titan, "defaults": plan_defaults, "mesh": plan_mesh, "fp8": plan_fp8,
+             "levers": plan_levers}[a.table](a)
     for step in steps:
         if a.table == "fp8":
             fp8_floor_after_loss(ctx, [step])
@@ -356,17 +468,17 @@ def render_vs_titan(dirs: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(d: Path, point: str) -> dict | None:
-    """``train run``'s rows of one point: the median tokens/s/GPU of the steps after the warm-up (as
-    torchtitan's median step), the peaks, the cudaMalloc retries (rank 0) and the plan's line."""
+def _run(d: Path, name: str) -> dict | None:
+    """``train run``'s rows of one run (``run_NAME``): the median tokens/s/GPU of the steps after the
+    warm-up (as torchtitan's median step), the peaks, the cudaMalloc retries (rank 0) and the plan's line."""
     import statistics
 
-    p = d / f"run_{point}" / "metrics.jsonl"
+    p = d / f"run_{name}" / "metrics.jsonl"
     rows = [json.loads(line) for line in (p.read_text().splitlines() if p.is_file() else []) if line.strip()]
-    timed = [r for r in rows if r.get("step", 0) > DEFAULT_POINTS[point][3]]
+    timed = [r for r in rows if r.get("step", 0) > DEFAULT_POINTS[name.split("_g")[0]][3]]
     if not timed:
         return None
-    log = d / f"run_{point}.log"
+    log = d / f"run_{name}.log"
     plan = [ln.split("plan: ", 1)[1] for ln in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
             if "plan: " in ln]
     return {"tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in timed),
@@ -375,24 +487,64 @@ def _run(d: Path, point: str) -> dict | None:
             "alloc_retries": max(r.get("alloc_retries", 0) for r in rows), "plan": plan[0] if plan else "-"}
 
 
+_RUN_NAME = re.compile(r"^(?P<point>[0-9a-z]+(?:_fp8)?)(?:_g(?P<gpus>\d+))?(?:_l\d+)?$")
+
+
+def _defaults_names(d: Path) -> list[str]:
+    """The runs of the defaults table in DIR, as POINT_gN (older files: POINT, on 2 GPUs); a run
+    of another name (a lever tried beside the table) is not a row."""
+    names = set()
+    for p in list(d.glob("titan_*.json")) + [q.parent for q in d.glob("run_*/metrics.jsonl")]:
+        stem = p.stem.removeprefix("titan_") if p.suffix == ".json" else p.name.removeprefix("run_")
+        m = _RUN_NAME.match(stem)
+        if m and m["point"] in DEFAULT_POINTS:
+            names.add(f"{m['point']}_g{m['gpus'] or 2}")
+    order = {p: i for i, p in enumerate(DEFAULT_POINTS)}
+    return sorted(names, key=lambda n: (int(n.split("_g")[1]), order[n.split("_g")[0]]))
+
+
+def _samples(d: Path, base: str) -> tuple[list[dict], list[dict]]:
+    """torchtitan's and ours' results of POINT_gN in DIR: every lane's (older files: no _gN)."""
+    old = base.removesuffix("_g2") if base.endswith("_g2") else None
+    titan_names = [n for n in (p.stem.removeprefix("titan_") for p in d.glob(f"titan_{base}*.json"))
+                   if _RUN_NAME.match(n)]
+    ours_names = [n for n in (p.name.removeprefix("run_") for p in d.glob(f"run_{base}*") if p.is_dir())
+                  if _RUN_NAME.match(n)]
+    if old and not titan_names and not ours_names:
+        titan_names, ours_names = [old], [old]
+    t = [x for x in (_titan(d, n) for n in sorted(titan_names)) if x]
+    o = [x for x in (_run(d, n) for n in sorted(ours_names)) if x]
+    return t, o
+
+
 def render_defaults(dirs: list[Path]) -> str:
-    lines = ["| point | torchtitan tok/s/GPU | ours | ratio | peak GiB torchtitan / ours | reserved GiB torchtitan / ours "
-             "| cudaMalloc retries (ours) |", "|---|---|---|---|---|---|---|"]
+    import statistics
+
+    lines = ["| point | GPUs | torchtitan tok/s/GPU (AC) | ours | ratio | peak GiB torchtitan / ours "
+             "| reserved GiB torchtitan / ours | cudaMalloc retries (ours) |", "|---|---|---|---|---|---|---|---|"]
     plans = []
-    for point in DEFAULT_POINTS:
-        for d in dirs:
-            t, o = _titan(d, point), _run(d, point)
+    for d in dirs:
+        for base in _defaults_names(d):
+            t, o = _samples(d, base)
             if not (t or o):
                 continue
-            tt = f"{t['tokens_per_s_per_gpu']:,.0f}" if t else "-"
-            ot = f"{o['tokens_per_s_per_gpu']:,.0f}" if o else "-"
-            ratio = f"{o['tokens_per_s_per_gpu'] / t['tokens_per_s_per_gpu']:.3f}" if t and o else "-"
-            peak = _mem(t["peak_mem_gib"], o["peak_mem_gib"]) if t and o else "-"
-            reserved = _mem(t.get("peak_reserved_gib") or 0.0, o["reserved_gib"]) if t and o else "-"
-            retries = o["alloc_retries"] if o else "-"
-            lines.append(f"| {point} | {tt} | {ot} | {ratio} | {peak} | {reserved} | {retries} |")
-            plans += [f"- {point}: {o['plan']}"] if o else []
-    return "\n".join(lines + [""] + plans) + "\n"
+            point, n = base.split("_g")
+            tv = [x["tokens_per_s_per_gpu"] for x in t]
+            ov = [x["tokens_per_s_per_gpu"] for x in o]
+            ac = sorted({x.get("ac", "?") for x in t})
+            tt = (" / ".join(f"{v:,.0f}" for v in tv) + f" ({', '.join(map(str, ac))})") if t else "-"
+            ot = " / ".join(f"{v:,.0f}" for v in ov) if o else "-"
+            ratio = f"{statistics.median(ov) / statistics.median(tv):.3f}" if t and o else "-"
+            tpk = max(x["peak_mem_gib"] for x in t) if t else 0.0
+            opk = max(x["peak_mem_gib"] for x in o) if o else 0.0
+            peak = _mem(tpk, opk) if t and o else "-"
+            tres = max((x.get("peak_reserved_gib") or 0.0) for x in t) if t else 0.0
+            reserved = _mem(tres, max(x["reserved_gib"] for x in o)) if t and o else "-"
+            retries = max(x["alloc_retries"] for x in o) if o else "-"
+            lines.append(f"| {point} | {n} | {tt} | {ot} | {ratio} | {peak} | {reserved} | {retries} |")
+            plans += [f"- {point}, {n} GPUs: {o[0]['plan']}"] if o else []
+    notes = ["", "Ratio: median of ours over median of torchtitan's (each lane's run listed); peaks: the highest."]
+    return "\n".join(lines + notes + [""] + plans) + "\n"
 
 
 def render_fp8(dirs: list[Path]) -> str:
@@ -447,7 +599,8 @@ def render_levers(dirs: list[Path]) -> str:
 
 
 def render(table: str, dirs: list[Path]) -> str:
-    renderers = {"vs-titan": render_vs_titan, "defaults": render_defaults, "fp8": render_fp8, "levers": render_levers}
+    renderers = {"vs-titan": render_vs_titan, "defaults": render_defaults, "mesh": render_mesh, "fp8": render_fp8,
+                 "levers": render_levers}
     return renderers[table](dirs)
 
 
@@ -463,7 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234, help="fp8: train.seed of the 200-step runs")
     ap.add_argument("--point", choices=sorted(LEVERS), default="1b", help="levers: the point measured")
     ap.add_argument("--points", default="8b,1b", help="defaults: comma list of " + ", ".join(DEFAULT_POINTS))
+    ap.add_argument("--gpus", default="2", help="defaults: comma list of GPU counts per point (default 2); mesh: the GPUs (default 4)")
+    ap.add_argument("--visible", type=int, default=None, help=argparse.SUPPRESS)  # --dry-run: the machine's GPUs
     a = ap.parse_args(argv)
+    if not all(g.isdigit() and 0 < int(g) <= 64 for g in a.gpus.split(",")):
+        print(f"tables.py: --gpus: {a.gpus!r} is not a comma list of GPU counts (1..64)", file=sys.stderr)
+        return 2
     bad = [p for p in a.points.split(",") if p not in DEFAULT_POINTS]
     if bad:
         print(f"tables.py: --points: unknown point {bad[0]!r} (valid: {', '.join(DEFAULT_POINTS)})", file=sys.stderr)
