@@ -10,8 +10,8 @@ Where the parameters are cast inside the compiled blocks (autocast over fp32 par
 DDP, and ``parallel.fsdp_one_rank=cast``), the partitioner would save each block's bf16 copy
 of its weights for backward: 2 bytes per parameter held from forward to backward, because a
 cast whose output a backward matmul reads is "materialized in backward" and never
-recomputed by its heuristics. ``parallel.recompute_param_casts`` (off by default; at 1b bf16
-on one H200 it saves 1.81 GiB for 0.5% of the throughput) tags those
+recomputed by its heuristics. ``parallel.recompute_param_casts`` (the automatic plan's choice on one
+GPU; at 1b bf16 on one H200 it saves 1.81 GiB for 0.5% of the throughput) tags those
 casts (narrowing casts of the graph's inputs) ``MUST_RECOMPUTE`` in a joint-graph pass
 (Inductor's ``joint_custom_post_pass``), so backward casts the fp32 parameter again, as
 FSDP re-gathers a resharded one: one more read of the weights per step, bit-identical

@@ -58,7 +58,7 @@ class ParallelConfig:
     # compiled blocks recompute in backward the bf16 casts of the fp32 parameters that autocast makes
     # inside them (DDP, fsdp_one_rank=cast) instead of saving them: 2 bytes per parameter less memory,
     # one more cast per step. Measured at 1b bf16 on one H200: 1.81 GiB less for 0.5% fewer tokens/s;
-    # off by default (docs/performance.md, "Recomputed parameter casts")
+    # unset on one CUDA GPU with compile: the plan's true (train/plan.py); otherwise off
     recompute_param_casts: bool = False
     # scaled_dot_product_attention kernel, applied around forward and backward (sdpa_kernel):
     # auto (torch picks) | flash | cudnn | efficient | math
