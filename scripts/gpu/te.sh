@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Transformer Engine on a device machine that cannot download it: the wheels travel in parts.
+#
+#   bash scripts/gpu/te.sh prepare          # here (a machine with the package registry): download,
+#                                           # check and split into .te/common, .te/p1 .. .te/pN
+#   bash scripts/gpu/te.sh receive K        # there, one call per part, carrying .te/pK (and
+#                                           # .te/common with part 1), back to back: the machine
+#                                           # must stay warm (parts gather in /tmp/te-parts)
+#   bash scripts/gpu/te.sh install          # there: join, check sha256, install the core wheel and
+#                                           # build transformer-engine-torch against the torch there
+#                                           # (sm_90 only), report versions; a second run reuses it
+#   export PYTHONPATH=/tmp/te-site:$PWD     # there, afterwards: the installed TE on the path
+#
+# Versions: transformer-engine-cu13 2.20.2 (CUDA 13, as torch 2.11+cu130 on the device) and the
+# transformer-engine-torch 2.20.2 source distribution; their sha256 are pinned below. The
+# extra wheels (pydantic and its dependencies, nvdlfw-inspect) are fetched with pip for
+# CPython 3.12 x86_64. A call carries at most 64 MiB with the checkout: parts are 44 MiB.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+TE_VERSION=2.20.2
+CORE=transformer_engine_cu13-$TE_VERSION-py3-none-manylinux_2_28_x86_64.whl
+CORE_SHA256=30063d3699e779cce63617c3458804f7a504ce8279f2749c98313db9daae273e
+SDIST=transformer_engine_torch-$TE_VERSION.tar.gz
+SDIST_SHA256=4c40ced8a6261649e689076f198d4feaf02277b1ba18931a66eccdaceb33c43e
+EXTRA=(pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2 nvdlfw-inspect==0.2.2)
+PART_BYTES=$((44 * 1024 * 1024))
+PARTS=/tmp/te-parts
+SITE=/tmp/te-site
+TE_DIR="$root/.te"
+
+die() { echo "te.sh: $*" >&2; exit 2; }
+check() {  # check FILE SHA256
+  local got
+  got=$(sha256sum "$1" | cut -d' ' -f1)
+  [ "$got" = "$2" ] || die "$1: sha256 $got, expected $2"
+}
+
+fetch() {  # fetch PROJECT FILE DEST: the file's link on the registry's simple index
+  python3 - "$1" "$2" "$3" <<'PY'
+import re, sys, urllib.request
+project, name, dest = sys.argv[1:]
+page = urllib.request.urlopen(f"https://pypi.org/simple/{project}/", timeout=30).read().decode()
+links = [u for u, f in re.findall(r'href="([^"]+)"[^>]*>([^<]+)<', page) if f == name]
+if not links:
+    sys.exit(f"{name}: not on the index of {project}")
+urllib.request.urlretrieve(links[0].split("#")[0], dest)
+PY
+}
+
+prepare() {
+  mkdir -p "$TE_DIR/common"
+  [ -f "$TE_DIR/$CORE" ] || fetch transformer-engine-cu13 "$CORE" "$TE_DIR/$CORE"
+  check "$TE_DIR/$CORE" "$CORE_SHA256"
+  [ -f "$TE_DIR/common/$SDIST" ] || fetch transformer-engine-torch "$SDIST" "$TE_DIR/common/$SDIST"
+  check "$TE_DIR/common/$SDIST" "$SDIST_SHA256"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$TE_DIR/common" "${EXTRA[@]}"
+  rm -rf "$TE_DIR"/p[0-9]*
+  local tmp
+  tmp=$(mktemp -d)
+  split -b "$PART_BYTES" -d -a 2 "$TE_DIR/$CORE" "$tmp/part."
+  local k=0 f
+  for f in "$tmp"/part.*; do
+    k=$((k + 1))
+    mkdir -p "$TE_DIR/p$k"
+    mv "$f" "$TE_DIR/p$k/$(basename "$f")"
+  done
+  rmdir "$tmp"
+  echo "$k" > "$TE_DIR/common/parts"
+  grep -qx '/.te/' "$root/.git/info/exclude" 2>/dev/null || echo '/.te/' >> "$root/.git/info/exclude"
+  echo "te.sh: $k parts of $CORE in .te/p1..p$k; .te/common: $(find "$TE_DIR/common" -maxdepth 1 -type f -printf '%f ')"
+  echo "te.sh: on the device, back to back: carry .te/common and .te/p1 with 'bash scripts/gpu/te.sh receive 1'," \
+       "then .te/pK with 'receive K' up to $k, then 'bash scripts/gpu/te.sh install'"
+}
+
+receive() {
+  local k=$1
+  [ -d "$TE_DIR/p$k" ] || die "no .te/p$k here: carry it"
+  mkdir -p "$PARTS"
+  cp "$TE_DIR/p$k"/part.* "$PARTS/"
+  if [ -d "$TE_DIR/common" ]; then cp -r "$TE_DIR/common" "$PARTS/"; fi
+  echo "te.sh: part $k received; /tmp/te-parts holds $(find "$PARTS" -maxdepth 1 -name 'part.*' | wc -l) parts"
+}
+
+install() {
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  if [ -f "$SITE/.done" ]; then
+    echo "te.sh: already installed in $SITE"
+  else
+    [ -d "$PARTS/common" ] || die "no parts in $PARTS: run 'receive K' first (part 1 carries .te/common)"
+    local want
+    want=$(cat "$PARTS/common/parts")
+    [ "$(find "$PARTS" -maxdepth 1 -name 'part.*' | wc -l)" = "$want" ] || die "$PARTS: not all $want parts"
+    cat "$PARTS"/part.* > "/tmp/$CORE"
+    check "/tmp/$CORE" "$CORE_SHA256"
+    check "$PARTS/common/$SDIST" "$SDIST_SHA256"
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$SITE" "/tmp/$CORE" "$PARTS"/common/*.whl
+    # the torch extension, built against this torch: no download of a prebuilt wheel, Hopper only
+    PYTHONPATH="$SITE:${PYTHONPATH:-}" NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_CUDA_ARCHS=90 NVTE_FRAMEWORK=pytorch \
+      MAX_JOBS="${MAX_JOBS:-16}" python3 -m pip install -v --no-index --no-deps --no-build-isolation --no-cache-dir \
+      --target "$SITE" "$PARTS/common/$SDIST" > /tmp/te-build.log 2>&1 \
+      || { tail -40 /tmp/te-build.log; die "building transformer-engine-torch failed (log above: /tmp/te-build.log)"; }
+    touch "$SITE/.done"
+  fi
+  PYTHONPATH="$SITE:${PYTHONPATH:-}" python3 -c '
+import torch, transformer_engine as te, transformer_engine.pytorch as tep
+print("torch", torch.__version__, "transformer_engine", te.__version__, "fp8 available", tep.fp8.check_fp8_support())'
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  receive) [ -n "${2:-}" ] || die "receive: which part (1..N)?"; receive "$2" ;;
+  install) install ;;
+  *) die "usage: te.sh prepare | receive K | install" ;;
+esac
