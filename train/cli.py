@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -23,6 +24,9 @@ from train.paths import expand_path_env
 from train.spawn import check_launcher, launcher_options, worker_args
 
 log = logging.getLogger(__name__)
+# Under torchrun a config error is printed by each node's first worker; the others wait this long
+# before exiting, so that it is printed before torchrun stops the group (it stops it at the first exit).
+FIRST_WORKER_GRACE_S = 5.0
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 
@@ -177,7 +181,8 @@ def _checked_job(config_path: str, extra: list[str], out_dir: str, world_sizes: 
 
     ``world_sizes``: those of a parent's workers (``--nproc-per-node``); None: this process is the run
     (alone or one rank of a launcher). The config's own errors are the same on every rank: under
-    torchrun, only each node's first worker prints them (the others exit with the same code)."""
+    torchrun, only each node's first worker prints them (the others exit with the same code, up to
+    :data:`FIRST_WORKER_GRACE_S` later: torchrun stops a group when its first worker fails)."""
     from train import preflight
     from train.config import load_config
 
@@ -189,6 +194,8 @@ def _checked_job(config_path: str, extra: list[str], out_dir: str, world_sizes: 
         for world in world_sizes or [preflight.world_size_from_env()]:
             preflight.check_job(job, world)
     except (ConfigError, DataError) as exc:
+        if not first:  # let the node's first worker print it before torchrun stops the group
+            time.sleep(FIRST_WORKER_GRACE_S)
         fail(str(exc), 2, echo=first)
     try:
         if world_sizes is None:
