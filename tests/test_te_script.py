@@ -32,3 +32,5 @@ def test_install_refuses_without_every_part(tmp_path):
         pytest.skip("this machine holds a TE install or parts in /tmp (a device machine)")
     proc = _run("install", tmp_path=tmp_path)
     assert proc.returncode == 2 and "receive" in proc.stderr and "/tmp/te-parts" in proc.stderr
+    proc = _run("measure", tmp_path=tmp_path)
+    assert proc.returncode == 2 and "install" in proc.stderr

@@ -9,7 +9,10 @@
 #   bash scripts/gpu/te.sh install          # there: join, check sha256, install the core wheel and
 #                                           # build transformer-engine-torch against the torch there
 #                                           # (sm_90 only), report versions; a second run reuses it
-#   export PYTHONPATH=/tmp/te-site:$PWD     # there, afterwards: the installed TE on the path
+#   OUT=DIR bash scripts/gpu/te.sh measure  # there, after install (2 GPUs): TE against torchao
+#                                           # and bf16, compile off, AC none (TE's limits), 1b on one
+#                                           # GPU and 8b FSDP2 on two; 200 steps of the embedded
+#                                           # text, bf16 against te:current; a TE checkpoint resumed
 #
 # Versions: transformer-engine-cu13 2.20.2 (CUDA 13, as torch 2.11+cu130 on the device) and the
 # transformer-engine-torch 2.20.2 source distribution; their sha256 are pinned below. The
@@ -109,9 +112,38 @@ import torch, transformer_engine as te, transformer_engine.pytorch as tep
 print("torch", torch.__version__, "transformer_engine", te.__version__, "fp8 available", tep.fp8.check_fp8_support())'
 }
 
+measure() {
+  [ -f "$SITE/.done" ] || die "TE is not installed here: run 'install' first"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+  export PYTHONPATH="$SITE:$root:${PYTHONPATH:-}"
+  local res="${OUT:-/tmp/te-out}/te" fp8=none,tensorwise,te:current,te:delayed
+  mkdir -p "$res"
+  cd "$root"
+  step() {  # step NAME NPROC ARGS...: one train bench step, its log beside its report
+    local name=$1 n=$2
+    shift 2
+    timeout -k 10 420 python3 -m torch.distributed.run --standalone --nproc-per-node "$n" -m train bench step \
+      --device cuda --compile off --ac none --out "$res" --name "$name" "$@" > "$res/$name.log" 2>&1 \
+      || echo "te.sh: $name: exit $?" | tee -a "$res/failures.txt"
+  }
+  CUDA_VISIBLE_DEVICES=0 step te_1b 1 --preset 1b --strategy fsdp --fp8 "$fp8" --batch 4 --seq 2048 --steps 15 --warmup 4
+  step te_8b 2 --preset 8b --strategy fsdp --fp8 "$fp8" --batch 4 --seq 2048 --steps 10 --warmup 3
+  CUDA_VISIBLE_DEVICES=0 step te_loss_1b 1 --preset 1b --strategy fsdp --fp8 none,te:current --batch 4 --seq 2048 \
+    --steps 195 --warmup 5 --data embedded
+  local run=(python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m train run --config 1b
+             --out "$res/resume" --set fp8.backend=te --set fp8.recipe=current --set parallel.compile=false
+             --set checkpoint.every=10 --set train.log_every=5)
+  { timeout -k 10 300 "${run[@]}" --steps 20 && timeout -k 10 300 "${run[@]}" --steps 30 --resume; } \
+    > "$res/resume.log" 2>&1 || echo "te.sh: resume: exit $?" | tee -a "$res/failures.txt"
+  grep -h "^|" "$res"/te_*.md > "$res/summary.md" 2>/dev/null || true
+  grep -E "resumed from|=== summary|steps " "$res/resume.log" >> "$res/summary.md" || true
+  cat "$res/summary.md"
+}
+
 case "${1:-}" in
   prepare) prepare ;;
   receive) [ -n "${2:-}" ] || die "receive: which part (1..N)?"; receive "$2" ;;
   install) install ;;
-  *) die "usage: te.sh prepare | receive K | install" ;;
+  measure) measure ;;
+  *) die "usage: te.sh prepare | receive K | install | measure" ;;
 esac
