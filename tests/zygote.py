@@ -4,8 +4,8 @@ Most CPU tests of ``train`` start it as a process (its exit status, its stderr l
 it leaves), and each start spends about 4 s of a 2-core machine importing torch and the
 trainer. A zygote is one interpreter per test process that has imported them once and then
 forks a child per call: the child sets the call's working directory, environment and standard
-streams, runs ``train``'s ``__main__`` exactly as ``python -m train`` does, runs the exit
-handlers and exits with the status Python would give. It is a separate process with its own
+streams, runs ``train``'s ``__main__`` exactly as ``python -m train`` does, and ends as a normal exit
+would (``train.distributed.end_process``: the status Python would give, the exit handlers). It is a separate process with its own
 memory, so the code under test runs as it does for a user; what it shares with the zygote is
 only the state that importing the modules creates.
 
@@ -33,7 +33,7 @@ FRESH_PREFIXES = ("PYTHON", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "CUDA_",
                   "LC_", "TMPDIR", "HOME")
 
 _CHILD = r"""
-import atexit, json, os, runpy, signal, sys, traceback
+import json, os, runpy, signal, sys, traceback
 proto_in = os.fdopen(os.dup(0), "r")
 proto_out = os.fdopen(os.dup(1), "w")
 null = os.open(os.devnull, os.O_RDWR)
@@ -41,6 +41,7 @@ os.dup2(null, 0)
 os.dup2(null, 1)
 import torch  # noqa: F401  (the point: imported once, before any fork)
 import train.cli, train.trainer, train.spawn  # noqa: F401
+from train.distributed import end_process
 proto_out.write("ready\n")
 proto_out.flush()
 for line in proto_in:
@@ -64,28 +65,13 @@ for line in proto_in:
             sys.argv = ["-m", *req["argv"]]
             try:
                 runpy.run_module("train", run_name="__main__", alter_sys=True)
-                rc = 0
+                code = 0
             except SystemExit as exc:
                 code = exc.code
-                if code is None:
-                    rc = 0
-                elif isinstance(code, int):
-                    rc = code & 0xFF
-                else:
-                    print(code, file=sys.stderr)
-                    rc = 1
             except BaseException:
                 traceback.print_exc()
-                rc = 1
-            try:
-                atexit._run_exitfuncs()
-            except BaseException:
-                pass
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except BaseException:
-                    pass
+                code = 1
+            end_process(code)  # what a normal exit does (status, threads, atexit, flush), then os._exit
         finally:
             os._exit(rc)
     proto_out.write(json.dumps({"pid": pid}) + "\n")

@@ -249,14 +249,13 @@ def planned_ac(presets: list[str], counts: list[int]) -> dict[tuple[str, int], s
              "    v = plan_section(preset, int(seq), int(batch), int(n), total, cap, torch.__version__)['values']\n"
              "    out[arg] = v.get('parallel.ac_skip_last', -1) >= MODEL_PRESETS[preset].n_layers\n"
              "print(json.dumps(out))\n")
-    args = [f"{p}:{n}:{PRESET_SHAPE[p][0]}:{PRESET_SHAPE[p][1]}" for p in presets for n in counts]
-    res = subprocess.run([sys.executable, "-c", probe, *args], check=False, cwd=ROOT, env=environment(),
+    keys = {(p, n): f"{p}:{n}:{PRESET_SHAPE[p][0]}:{PRESET_SHAPE[p][1]}" for p in presets for n in counts}
+    res = subprocess.run([sys.executable, "-c", probe, *keys.values()], check=False, cwd=ROOT, env=environment(),
                          capture_output=True, text=True)
     none = json.loads(res.stdout) if res.returncode == 0 else {}
     if res.returncode != 0:
         print(f"[tables] plan probe failed; torchtitan runs the presets' AC: {res.stderr[-300:]}", flush=True)
-    return {(p, n): ("none" if none.get(f"{p}:{n}:{PRESET_SHAPE[p][0]}:{PRESET_SHAPE[p][1]}")
-                     else PRESET_SHAPE[p][2]) for p in presets for n in counts}
+    return {pn: ("none" if none.get(key) else PRESET_SHAPE[pn[0]][2]) for pn, key in keys.items()}
 
 
 def visible_gpus() -> int:
@@ -308,7 +307,7 @@ def plan_defaults(a: argparse.Namespace) -> list[list[list[Run]]]:
 
 def plan_mesh(a: argparse.Namespace) -> list[list[list[Run]]]:
     """8b meshes over N GPUs, one ``train bench step --plan`` (the points one after another)."""
-    n = int(a.gpus.split(",")[0]) if a.gpus != "2" else 4
+    n = int(a.gpus.split(",")[0])
     common = {"preset": "8b", "compile": "on", "ac": "full", "seq": 2048, "steps": 100, "warmup": 0,
               "data": "embedded", "set": ["optim.warmup_steps=10", "train.log_every=10"]}
     grids = [dict(common, strategy="fsdp,hsdp", batch=4), dict(common, strategy="fsdp_tp", batch=8)]
@@ -616,9 +615,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234, help="fp8: train.seed of the 200-step runs")
     ap.add_argument("--point", choices=sorted(LEVERS), default="1b", help="levers: the point measured")
     ap.add_argument("--points", default="8b,1b", help="defaults: comma list of " + ", ".join(DEFAULT_POINTS))
-    ap.add_argument("--gpus", default="2", help="defaults: comma list of GPU counts per point (default 2); mesh: the GPUs (default 4)")
+    ap.add_argument("--gpus", default=None,
+                    help="defaults: comma list of GPU counts per point (default 2); mesh: the GPUs (default 4)")
     ap.add_argument("--visible", type=int, default=None, help=argparse.SUPPRESS)  # --dry-run: the machine's GPUs
     a = ap.parse_args(argv)
+    a.gpus = a.gpus or ("4" if a.table == "mesh" else "2")
     if not all(g.isdigit() and 0 < int(g) <= 64 for g in a.gpus.split(",")):
         print(f"tables.py: --gpus: {a.gpus!r} is not a comma list of GPU counts (1..64)", file=sys.stderr)
         return 2
