@@ -10,7 +10,8 @@ gathers the inputs on the ranks, applies the values and pins a resumed run to th
 
 The rules (each one measured: docs/plan.md):
 
-* ``parallel.compile``: on (Inductor, per block) on CUDA GPUs of capability >= 7.0.
+* ``parallel.compile``: on (Inductor, per block) on CUDA GPUs of capability >= 7.0; off with
+  Transformer Engine layers (``fp8.backend=te``).
 * ``train.loss`` / ``train.loss_chunk_tokens``: the chunked loss (output projection and loss
   fused over chunks, no full logits) where compile is on and the vocabulary is not sharded
   (``parallel.tp == 1``); the chunk is the largest power of two <= 8192 tokens whose fp32
@@ -20,7 +21,9 @@ The rules (each one measured: docs/plan.md):
   model ``train.memory``, stays :data:`HEADROOM_BYTES` below the card's memory): nothing is
   recomputed. Otherwise the last k blocks are left out where their saved activations fit under
   the step's end-of-backward peak (FP8 blocks save :data:`FP8_ACTIVATION_FRACTION` of bf16's),
-  so the peak stays that of AC on every block.
+  so the peak stays that of AC on every block. With ``fp8.backend=te`` every block must be left
+  out (torch's AC recomputes outside ``te.autocast``): where they do not fit, the run stops
+  with :attr:`PlanResult.problem`.
 * FSDP2 without AC (or with every block left out of it) on several GPUs: the reduce-scatter on the copy engines too
   (``fsdp_symm_mem=all``, where ``auto`` would take the copy-engine all-gather), and the
   activation budget 0.999 on the first 3/8 of the blocks.
@@ -104,6 +107,7 @@ class PlanInputs:
     compile: bool = False  # the job's parallel.compile (where it sets it)
     precision: str = "bf16"
     fp8: str = "none"  # none | the torchao / TE recipe
+    fp8_backend: str = "none"  # none | torchao | te
     total_bytes: int = 0
     free_bytes: int = 0
     capability: tuple[int, int] = (0, 0)
@@ -119,6 +123,7 @@ class PlanResult:
     values: dict[str, Any] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     budget_bytes: int = 0
+    problem: str = ""  # set where the job cannot run as asked on this machine (the run stops)
 
     def line(self, inputs: PlanInputs) -> str:
         """The one line a run logs at start."""
@@ -231,9 +236,11 @@ def plan(inputs: PlanInputs) -> PlanResult:
     res = PlanResult(budget_bytes=memory_budget(inputs))
     if inputs.device != "cuda":
         return res
-    compiled = inputs.capability >= (7, 0)
+    te = inputs.fp8_backend == "te"
+    compiled = inputs.capability >= (7, 0) and not te
     if _set(res, inputs, "parallel.compile", compiled):
-        res.reasons.append("compile on" if compiled else f"compile off (capability {inputs.capability})")
+        res.reasons.append("compile on" if compiled else "compile off (Transformer Engine layers)" if te
+                           else f"compile off (capability {inputs.capability})")
     compiled = res.values.get("parallel.compile", inputs.compile)
     if param_count(inputs.model) is None:  # a user's model (model.builder): no shapes, no memory model
         res.reasons.append("the rest as configured (model.builder: no memory model to plan with)")
@@ -250,6 +257,10 @@ def plan(inputs: PlanInputs) -> PlanResult:
         res.values["parallel.ac_skip_last"] = k
         res.reasons.append(why)
         no_ac = k >= inputs.model.n_layers
+        if te and not no_ac:
+            res.problem = (f"fp8.backend=te: {inputs.model.name} {inputs.batch}x{inputs.seq} on {inputs.world} GPU(s) "
+                           f"needs activation checkpointing here ({why}), which Transformer Engine layers do not "
+                           "support: use fp8.backend=torchao, more GPUs or a smaller train.batch_size")
     if no_ac and inputs.strategy == "fsdp" and inputs.world > 1 and inputs.tp == 1:
         _fsdp_no_ac(inputs, res)
     if compiled and inputs.world == 1 and _set(res, inputs, "parallel.recompute_param_casts", True):

@@ -70,7 +70,7 @@ def gather_inputs(job: JobConfig, info: tdist.DistInfo, dims) -> PlanInputs:
         device=info.device.type, model=job.model, batch=job.train.batch_size, seq=job.train.seq_len,
         world=info.world_size, strategy=job.parallel.strategy, dp_shard=dims.dp_shard, tp=dims.tp,
         ac=job.parallel.ac, compile=job.parallel.compile, precision=amp.resolve_precision(job.train.precision, info.device),
-        fp8=job.fp8.resolved_recipe if job.fp8.backend != "none" else "none",
+        fp8=job.fp8.resolved_recipe if job.fp8.backend != "none" else "none", fp8_backend=job.fp8.backend,
         total_bytes=total, free_bytes=free, capability=tuple(capability), host_bytes=host,
         local_world=tdist.env_int("LOCAL_WORLD_SIZE", info.world_size), symm_auto=symm,
         norm_fp32=rms_norm_fp32_in_autocast(torch.__version__),
@@ -92,6 +92,8 @@ def apply_plan(job: JobConfig, info: tdist.DistInfo, dims, out_dir: Path, resumi
         return job
     inputs = gather_inputs(job, info, dims)
     result = plan(inputs)
+    if result.problem:
+        raise ConfigError(result.problem)
     pinned = {}
     if resuming:
         pinned = recorded_plan(out_dir) if info.is_main else {}

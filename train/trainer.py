@@ -38,7 +38,7 @@ from train.parallel.attention import attention_context
 from train.parallel.symm_comm import nccl_env
 from train.plan_apply import apply_plan
 from train.precision import amp
-from train.precision.fp8 import apply_float8
+from train.precision.fp8 import apply_float8, describe_float8
 from train.preemption import Preemption
 from train.trace import StepTracer, parse_window, phase
 
@@ -383,7 +383,7 @@ class Trainer:
             f"model {self.job.model.builder or self.job.model.name}: {n / 1e6:.2f}M params | {self.info.world_size} rank(s), "
             f"backend {self.info.backend or 'none'}, device {self.device.type} | precision {self.precision} | "
             f"strategy {self.job.parallel.strategy} | batch {self.job.train.batch_size}x{self.job.train.seq_len}"
-            f" x accum {self.accum} x dp {self.par.dp_world}"
+            f" x accum {self.accum} x dp {self.par.dp_world}{describe_float8(self.par.inner, self.job.fp8)}"
         )
 
     def _log(self, msg: str) -> None:

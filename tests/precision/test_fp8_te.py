@@ -60,3 +60,26 @@ def test_gpu_te_fp8_trains(tmp_path, recipe):
     res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run"), "--set", "fp8.backend=te",
                                "--set", f"fp8.recipe={recipe}"])
     assert_learns(res, tmp_path / "run")
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@needs_te
+def test_gpu_te_fsdp2_shards_te_weights_checkpoints_and_resumes(tmp_path):
+    """FSDP2 over TE layers on 2 GPUs: the start-up line counts the te.Linear layers with
+    sharded (DTensor) weights; a TE checkpoint is resumed and training goes on from its step."""
+    if torch.cuda.device_count() < 2 or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs 2 GPUs of sm_89+")
+    from testlib import run_losses, torchrun  # noqa: I001
+
+    out = tmp_path / "run"
+    common = ["--out", str(out), "--set", "fp8.backend=te", "--set", "parallel.strategy=fsdp",
+              "--set", "checkpoint.every=10"]
+    first = torchrun(GPU_RUN + common + ["--set", "checkpoint.final=true"], nproc=2)
+    assert_learns(first, out)
+    assert "fp8 te current:" in first.stderr + first.stdout and "with sharded weights (DTensor)" in first.stderr + first.stdout
+    again = torchrun([a if a != "30" else "40" for a in GPU_RUN] + common + ["--resume"], nproc=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr + again.stdout, (again.stderr + again.stdout)[-3000:]
+    losses = run_losses(out)
+    assert losses and all(x == x for x in losses), losses

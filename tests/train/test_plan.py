@@ -277,3 +277,20 @@ def test_one_gpu_recomputes_the_weight_casts(preset):
     mine = dataclasses.replace(base, explicit=base.explicit | {"parallel.recompute_param_casts"})
     assert "parallel.recompute_param_casts" not in plan(mine).values
     assert plan(dataclasses.replace(base, device="cpu")).values == {}
+
+
+def test_transformer_engine_keeps_compile_off_and_every_block_out_of_ac():
+    """fp8.backend=te: TE layers run uncompiled and torch's AC would recompute them outside
+    te.autocast, so the plan keeps compile off and leaves every block out of AC, or stops the
+    run with one line where they do not all fit."""
+    res = plan(inputs("8b", 2, H200, "current", fp8_backend="te"))
+    assert res.values["parallel.compile"] is False and "Transformer Engine" in res.line(inputs("8b", 2, H200))
+    assert res.values["parallel.ac_skip_last"] == 32 and not res.problem
+    assert "train.loss" not in res.values  # the chunked loss is for compiled runs
+    small = plan(inputs("8b", 2, H100, "current", fp8_backend="te"))
+    assert small.problem.startswith("fp8.backend=te: 8b 4x2048 on 2 GPU(s) needs activation checkpointing")
+    assert "fp8.backend=torchao" in small.problem and "\n" not in small.problem
+    one = plan(inputs("1b", 1, H100, "delayed", fp8_backend="te"))  # 1b: AC none already
+    assert not one.problem and one.values["parallel.compile"] is False
+    # torchao is untouched
+    assert plan(inputs("8b", 2, H100, "tensorwise", fp8_backend="torchao")).values["parallel.compile"] is True

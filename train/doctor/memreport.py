@@ -62,12 +62,14 @@ def plan_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | 
         device="cuda" if gpu_bytes else "cpu", model=job.model, batch=batch, seq=seq, world=gpus,
         strategy=job.parallel.strategy, dp_shard=dims.dp_shard, tp=dims.tp, ac=job.parallel.ac,
         compile=job.parallel.compile, fp8=job.fp8.resolved_recipe if job.fp8.backend != "none" else "none",
+        fp8_backend=job.fp8.backend,
         total_bytes=gpu_bytes or 0, capability=capability or (9, 0), host_bytes=host, local_world=gpus,
         symm_auto="all_gather" if job.parallel.strategy == "fsdp" and gpus > 1 else "none",
         norm_fp32=rms_norm_fp32_in_autocast(torch_version), explicit=job.explicit_keys,
     )
     result = plan(inputs)
-    return {"config": preset if named else f"model.name={preset}", "line": result.line(inputs),
+    line = result.line(inputs) + (f" -- would stop: {result.problem}" if result.problem else "")
+    return {"config": preset if named else f"model.name={preset}", "line": line,
             "values": result.values, "budget_gib": round(result.budget_bytes / GiB, 2)}
 
 

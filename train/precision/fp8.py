@@ -92,8 +92,16 @@ def check_float8(job, dims) -> None:
         return
     tp = dims.tp
     installed = importlib.util.find_spec(PACKAGES[cfg.backend]) is not None
-    problem = float8_problem(cfg, _local_capability(job.train.device), installed, tp, job.parallel.compile,
-                             torch_supports_torchao_mxfp8(), job.parallel.ac)
+    # keys the job leaves open are the automatic plan's (train.plan): with TE it keeps compile off
+    # and leaves every block out of AC, or stops the run where they do not fit
+    explicit = getattr(job, "explicit_keys", None)
+    planned = (lambda key: explicit is not None and key not in explicit) if cfg.backend == "te" else (lambda key: False)
+    compile = False if planned("parallel.compile") else job.parallel.compile
+    ac = job.parallel.ac
+    if planned("parallel.ac_skip_last") or job.parallel.ac_skip_last >= job.model.n_layers:
+        ac = "none"
+    problem = float8_problem(cfg, _local_capability(job.train.device), installed, tp, compile,
+                             torch_supports_torchao_mxfp8(), ac)
     if problem:
         raise ConfigError(problem)
 
@@ -115,6 +123,26 @@ def apply_float8(model, cfg, device, dims, emulate: bool = False, high_precision
 
         return fp8_te.convert(model, high_precision)
     raise ValueError(f"fp8.backend: unknown backend {cfg.backend!r}")
+
+
+def describe_float8(model, cfg) -> str:
+    """One phrase for the start-up line: the FP8 layers in ``model`` and how their weights are held."""
+    if cfg.backend == "none":
+        return ""
+    if cfg.backend == "te":
+        from train.precision import fp8_te
+
+        names = fp8_te.te_linears(model)
+    else:
+        from train.precision import fp8_torchao
+
+        names = [n for n, _ in fp8_torchao.float8_linears(model)]
+    from torch.distributed.tensor import DTensor
+
+    modules = dict(model.named_modules())
+    sharded = sum(1 for n in names if isinstance(getattr(modules[n], "weight", None), DTensor))
+    held = f", {sharded} with sharded weights (DTensor)" if sharded else ""
+    return f" | fp8 {cfg.backend} {cfg.resolved_recipe}: {len(names)} layers{held}"
 
 
 def attach_float8(par, fp8_cfg) -> None:
