@@ -149,7 +149,8 @@ def _train_run(params: dict, world: int, shown: str) -> None:
                 mock.patch.object(preflight, "device_memory", return_value=("an 80 GiB GPU", 80 * GIB)):
             dims = preflight.check_job(no_fp8, world)
         sm = (10, 0) if job.fp8.resolved_recipe == "mxfp8" else (9, 0)
-        problem = fp8.float8_problem(job.fp8, sm, True, dims.tp, job.parallel.compile, True, job.parallel.ac)
+        compile_, ac = fp8.planned_compile_ac(job)
+        problem = fp8.float8_problem(job.fp8, sm, True, dims.tp, compile_, True, ac)
         if problem:
             raise ConfigError(problem)
     except Exception as exc:

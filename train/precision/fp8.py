@@ -82,6 +82,21 @@ def _local_capability(device_pref: str) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(index)
 
 
+def planned_compile_ac(job) -> tuple[bool, str]:
+    """``parallel.compile`` and the AC mode that FP8's checks judge. With TE, what the job leaves
+    open is the automatic plan's (train.plan): it keeps compile off and leaves every block out of
+    AC, or stops the run where they do not all fit."""
+    explicit = getattr(job, "explicit_keys", None)
+    te = job.fp8.backend == "te" and explicit is not None
+
+    def planned(key: str) -> bool:
+        return te and key not in explicit
+
+    compile = False if planned("parallel.compile") else job.parallel.compile
+    every_block_out = planned("parallel.ac_skip_last") or job.parallel.ac_skip_last >= job.model.n_layers
+    return compile, "none" if every_block_out else job.parallel.ac
+
+
 def check_float8(job, dims) -> None:
     """Preflight (no process group yet): raise ConfigError when FP8 cannot run here.
     ``dims``: the run's :class:`~train.parallel.dims.ParallelDims`."""
@@ -92,14 +107,7 @@ def check_float8(job, dims) -> None:
         return
     tp = dims.tp
     installed = importlib.util.find_spec(PACKAGES[cfg.backend]) is not None
-    # keys the job leaves open are the automatic plan's (train.plan): with TE it keeps compile off
-    # and leaves every block out of AC, or stops the run where they do not fit
-    explicit = getattr(job, "explicit_keys", None)
-    planned = (lambda key: explicit is not None and key not in explicit) if cfg.backend == "te" else (lambda key: False)
-    compile = False if planned("parallel.compile") else job.parallel.compile
-    ac = job.parallel.ac
-    if planned("parallel.ac_skip_last") or job.parallel.ac_skip_last >= job.model.n_layers:
-        ac = "none"
+    compile, ac = planned_compile_ac(job)
     problem = float8_problem(cfg, _local_capability(job.train.device), installed, tp, compile,
                              torch_supports_torchao_mxfp8(), ac)
     if problem:

@@ -1,14 +1,16 @@
 """FP8 training with NVIDIA Transformer Engine (``fp8.backend=te``).
 
-UNVERIFIED ON HARDWARE: Transformer Engine cannot be installed on our development or
-GPU machines, so this path was written from TE's documentation (2.9+) and is exercised
-only by tests that skip where ``transformer_engine`` is not importable.
+Run on 1 and 2 H200s with TE 2.20.2 built against torch 2.11 (``scripts/gpu/te.sh``,
+docs/results/h200x2-te); the CPU tests skip where ``transformer_engine`` is not importable.
 
 * The ``nn.Linear`` layers of the blocks (not the output projection, not layers whose
   dims are not multiples of 16) are swapped for ``transformer_engine.pytorch.Linear``
   from outside the model file. Parameter names (``weight``) are unchanged, and the swap
-  happens on the meta device (``device="meta"``): the model's own ``init_weights``
-  fills them after ``to_empty``.
+  happens on the meta device: the model's own ``init_weights`` fills them after
+  ``to_empty``. TE 2.20 takes the device as the string ``"meta"`` only (given
+  ``torch.device("meta")`` it allocates on the current GPU).
+* With FSDP2 the ``te.Linear`` weights are sharded like any other (DTensor, bf16
+  all-gather); the start-up line counts them.
 * The forward pass runs under ``te.autocast(enabled=True, recipe=...)`` (the
   ``fp8_autocast`` name is deprecated since TE 2.9), returned by
   :func:`forward_context` and entered by the trainer around the model call only.
@@ -18,8 +20,9 @@ only by tests that skip where ``transformer_engine`` is not importable.
   does not run on sm_120 RTX Pro 6000, where ``current`` is the choice).
 * Not supported together with DTensor tensor parallelism (TE has its own TP),
   ``torch.compile``, or torch's activation checkpointing (the recompute would run outside
-  ``te.autocast``; TE has its own ``te.distributed.checkpoint``); all rejected before
-  start-up.
+  ``te.autocast``; TE has its own ``te.distributed.checkpoint``). Set by the job, each is
+  rejected before start-up; left open, the automatic plan keeps compile off and every block
+  out of AC, or stops the run with one line where the blocks' activations do not fit.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _te_linear(linear: nn.Linear, device) -> nn.Module:
 
     return te.Linear(
         linear.in_features, linear.out_features, bias=linear.bias is not None,
-        params_dtype=linear.weight.dtype, device=device,
+        params_dtype=linear.weight.dtype, device=str(device),
     )
 
 
