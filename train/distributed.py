@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import logging
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +150,8 @@ def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
     restart = env_int("TORCHELASTIC_RESTART_COUNT", 0)
     if hazard and restart == 0 and env_int("RANK", 0) == 0:
         log.warning("%s", hazard)
+    if _store_port_taken():  # torch would retry binding it for about 30 s before failing
+        raise _port_in_use()
     try:
         dist.init_process_group(
             backend=backend,
@@ -159,15 +163,36 @@ def init_distributed(device_pref: str = "auto", timeout_s: int = 600,
     return DistInfo(dist.get_rank(), local_rank, dist.get_world_size(), device, backend)
 
 
+def _store_port_taken() -> bool:
+    """Rank 0 of an env:// group (not torchrun's agent store) hosts the TCP store on MASTER_PORT
+    on every interface: True when a listening socket already holds that port here."""
+    if env_int("RANK", 0) != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return False
+    port = os.environ.get("MASTER_PORT", "")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return False  # torch names a bad value itself
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: TIME_WAIT is no conflict
+        try:
+            probe.bind(("", int(port)))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def _port_in_use() -> ConfigError:
+    port, addr = os.environ.get("MASTER_PORT", ""), os.environ.get("MASTER_ADDR", "")
+    return ConfigError(f"environment MASTER_PORT={port}: already in use on {addr!r} (rank {env_int('RANK', 0)}; "
+                       "another job or a leftover process holds it): choose a free port")
+
+
 def _init_failure(exc: BaseException, hazard: str | None, restart: int) -> Exception:
     """The one-line error for a failed ``init_process_group``: a MASTER_PORT another
     process holds is a usage error (ConfigError, exit 2); anything else a CollectiveError."""
     detail = " ".join(str(exc).split())[:200]
     rank = env_int("RANK", 0)
     if "EADDRINUSE" in detail or "address already in use" in detail.lower():
-        port = os.environ.get("MASTER_PORT", "")
-        return ConfigError(f"environment MASTER_PORT={port}: already in use on {os.environ.get('MASTER_ADDR', '')!r} "
-                           f"(rank {rank}; another job or a leftover process holds it): choose a free port")
+        return _port_in_use()
     if hazard and restart > 0:
         return CollectiveError(f"process group init failed on rank {rank} after torchrun restart {restart} "
                                f"({detail}); likely cause: {hazard}")

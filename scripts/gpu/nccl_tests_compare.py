@@ -12,7 +12,8 @@ Per operation and size the table pairs
 * ``device_us`` with nccl-tests' default loop (both: back-to-back operations, time / count),
 * ``graph_us`` with nccl-tests ``-G`` (both: the operations in a CUDA graph),
 
-and gives the busbw of each; nccl-tests' in-place column for all_reduce (the bench reduces
+and gives the busbw of each; the headline pairs time up to 4 MiB (``device_us`` against ``-G``)
+and busbw above it (against the default loop). nccl-tests' in-place column for all_reduce (the bench reduces
 in place), out-of-place for all_gather and reduce_scatter (as the bench). A pair agrees when
 the bench's time is within ``--tolerance`` (10%) of nccl-tests'. With ``LATENCY_JSON`` (a
 ``train bench comm --impl nccl,symm_mem`` report) also: where symmetric memory is faster than
@@ -36,6 +37,10 @@ PAIRS = (("default", "device_us"), ("graph", "graph_us"))
 # device_us queues its calls ahead of the GPU, so no launch gap is in it: nccl-tests -G (the calls
 # replayed from a CUDA graph) is the other measurement without one.
 GAPLESS = ("graph", "device_us")
+# The headline basis: time for small messages (device_us against nccl-tests -G, both without
+# launch gaps), bus bandwidth for large ones (the bench's busbw against nccl-tests' default loop,
+# which is what cluster engineers read off it). Small is up to this many bytes.
+SMALL_MAX = 4 << 20
 
 
 def _float(text: str) -> float | None:
@@ -96,6 +101,12 @@ def compare(parsed: dict, bench_rows: list[dict], tolerance: float = 0.10) -> li
         if nt_us and b.get("device_us") is not None:
             row["gapless_ratio"] = b["device_us"] / nt_us
             row["gapless_ok"] = abs(row["gapless_ratio"] - 1) <= tolerance
+        if nbytes <= SMALL_MAX and "gapless_ratio" in row:
+            row["basis"], row["basis_ratio"] = "time", row["gapless_ratio"]
+        elif nbytes > SMALL_MAX and row.get("nt_busbw") and row.get("bench_busbw"):
+            row["basis"], row["basis_ratio"] = "busbw", row["bench_busbw"] / row["nt_busbw"]
+        if "basis" in row:
+            row["basis_ok"] = abs(row["basis_ratio"] - 1) <= tolerance
         for variant in ("blocking", "threads"):
             row[f"nt_{variant}_us"] = _nt(parsed, variant, op, nbytes)[0]
         rows.append(row)
@@ -120,6 +131,12 @@ def verdicts(rows: list[dict], tolerance: float = 0.10) -> list[str]:
                                                           for r in bad)
     lines.append(f"- device_us vs nccl-tests -G (both without launch gaps): {len(judged) - len(bad)} of {len(judged)} "
                  f"sizes within {tolerance:.0%}{tail}")
+    judged = [r for r in rows if "basis_ok" in r]
+    bad = [r for r in judged if not r["basis_ok"]]
+    tail = "" if not bad else ": outside at " + ", ".join(
+        f"{r['op']} {r['size']} ({r['basis']} {r['basis_ratio']:.2f}x)" for r in bad)
+    lines.append(f"- time up to {SMALL_MAX >> 20}M (device_us vs nccl-tests -G), busbw above (vs nccl-tests' default "
+                 f"loop): {len(judged) - len(bad)} of {len(judged)} sizes within {tolerance:.0%}{tail}")
     return lines
 
 

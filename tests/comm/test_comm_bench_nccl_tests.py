@@ -86,6 +86,10 @@ def test_compare_pairs_device_with_the_loop_and_graph_with_graphs():
     lines = compare.verdicts(list(rows.values()))
     assert lines[0] == "- device_us vs nccl-tests default: 2 of 3 sizes within 10%: outside at all_gather 8K (1.25x)"
     assert lines[1] == "- graph_us vs nccl-tests graph: 2 of 3 sizes within 10%: outside at all_reduce 8K (1.23x)"
+    # the headline: time against -G for small messages, busbw against the default loop for large ones
+    assert lines[3] == ("- time up to 4M (device_us vs nccl-tests -G), busbw above (vs nccl-tests' default loop): "
+                        "1 of 3 sizes within 10%: outside at all_reduce 8K (time 2.08x), all_gather 8K (time 2.50x)")
+    assert rows[("all_reduce", "1G")]["basis"] == "busbw" and rows[("all_reduce", "1G")]["basis_ok"]
     md = "\n".join(compare.table(list(rows.values())))
     assert md.count("\n") == 4 and "| all_gather | 8K | 10.0 | 12.5 | 1.25 | NO |" in md
 
