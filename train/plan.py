@@ -202,8 +202,9 @@ def ac_skip(inputs: PlanInputs, budget: int) -> tuple[int, str]:
     why = (f"AC off the last {k} of {cfg.n_layers} blocks (peak allows {k_peak}, memory {k_mem}: "
            f"reserved est {(reserved0 + k * per_block) / GiB:.1f} of {budget / GiB:.1f} GiB)")
     if reserved0 > budget:
-        why = (f"AC on every block: reserved est {reserved0 / GiB:.1f} GiB over the {budget / GiB:.1f} GiB "
-               "budget (fewer GiB per GPU: more GPUs, a smaller batch, or parallel.cpu_offload=true)")
+        why = (f"AC on every block: reserved est {reserved0 / GiB:.1f} GiB, over the {budget / GiB:.1f} GiB "
+               "budget (a conservative estimate; should memory run out: more GPUs, a smaller batch, or "
+               "parallel.cpu_offload=true)")
     return k, why
 
 
