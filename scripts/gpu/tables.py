@@ -320,6 +320,12 @@ def plan_mesh(a: argparse.Namespace) -> list[list[list[Run]]]:
                                                          "--json"], 90)]]]
 
 
+def _plan_lines(log: Path) -> list[str]:
+    """The automatic plan's start-up lines in a run's log (the text after ``plan: ``)."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return [ln.split("plan: ", 1)[1] for ln in text.splitlines() if "plan: " in ln]
+
+
 def render_mesh(dirs: list[Path]) -> str:
     lines = ["| mesh | GPUs | batch/rank | tok/s/GPU | MFU | peak GiB | first loss | final loss | final vs first row |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -339,8 +345,7 @@ def render_mesh(dirs: list[Path]) -> str:
                              f"{r['tokens_per_s_per_gpu']:,.0f} | {mfu} | {peak} | {r['first_loss']:.4f} | "
                              f"{r['final_loss']:.4f} | {100 * (r['final_loss'] / base['final_loss'] - 1):+.2f}% |")
         for p in sorted(d.glob("mesh_*.log")):
-            recs += [f"- plan: {ln.split('plan: ', 1)[1]}" for ln in p.read_text(errors="replace").splitlines()
-                     if "plan: " in ln]
+            recs += [f"- plan: {line}" for line in _plan_lines(p)]
         for p in sorted(d.glob("doctor_*.log")):
             try:
                 text = p.read_text()
@@ -477,9 +482,7 @@ def _run(d: Path, name: str) -> dict | None:
     timed = [r for r in rows if r.get("step", 0) > DEFAULT_POINTS[name.split("_g")[0]][3]]
     if not timed:
         return None
-    log = d / f"run_{name}.log"
-    plan = [ln.split("plan: ", 1)[1] for ln in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
-            if "plan: " in ln]
+    plan = _plan_lines(d / f"run_{name}.log")
     return {"tokens_per_s_per_gpu": statistics.median(r["tokens_per_s_per_gpu"] for r in timed),
             "peak_mem_gib": max(r["peak_mem_gib"] for r in rows),
             "reserved_gib": max(r.get("reserved_gib", 0.0) for r in rows),

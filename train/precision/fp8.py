@@ -137,20 +137,16 @@ def describe_float8(model, cfg) -> str:
     """One phrase for the start-up line: the FP8 layers in ``model`` and how their weights are held."""
     if cfg.backend == "none":
         return ""
-    if cfg.backend == "te":
-        from train.precision import fp8_te
-
-        names = fp8_te.te_linears(model)
-    else:
-        from train.precision import fp8_torchao
-
-        names = [n for n, _ in fp8_torchao.float8_linears(model)]
     from torch.distributed.tensor import DTensor
 
-    modules = dict(model.named_modules())
-    sharded = sum(1 for n in names if isinstance(getattr(modules[n], "weight", None), DTensor))
+    if cfg.backend == "te":
+        from train.precision.fp8_te import te_linears as fp8_layers
+    else:
+        from train.precision.fp8_torchao import float8_linears as fp8_layers
+    layers = [m for _, m in fp8_layers(model)]
+    sharded = sum(1 for m in layers if isinstance(getattr(m, "weight", None), DTensor))
     held = f", {sharded} with sharded weights (DTensor)" if sharded else ""
-    return f" | fp8 {cfg.backend} {cfg.resolved_recipe}: {len(names)} layers{held}"
+    return f" | fp8 {cfg.backend} {cfg.resolved_recipe}: {len(layers)} layers{held}"
 
 
 def attach_float8(par, fp8_cfg) -> None:

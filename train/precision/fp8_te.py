@@ -66,12 +66,12 @@ def convert(model: nn.Module, high_precision: tuple[str, ...] = ("output",)) -> 
     return model
 
 
-def te_linears(model: nn.Module) -> list[str]:
+def te_linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
     try:
         import transformer_engine.pytorch as te
     except ImportError:
         return []
-    return [name for name, m in model.named_modules() if isinstance(m, te.Linear)]
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, te.Linear)]
 
 
 def forward_context(recipe_name: str):
