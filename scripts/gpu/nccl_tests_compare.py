@@ -5,12 +5,14 @@
 
 ``NCCL_TESTS_TXT`` holds the output of several nccl-tests runs, each after a line
 ``### variant=NAME op=OP: COMMAND`` (variants: ``default`` = the pipelined loop,
-``graph`` = ``-G``, ``blocking`` = ``-z 1``, ``threads`` = one thread per GPU). ``COMM_JSON``
+``graph`` = ``-G``, ``blocking`` = ``-z 1``, ``threads`` = one thread per GPU, ``mpi_graph`` =
+``-G`` with one process per GPU under mpirun; one variant may span several runs). ``COMM_JSON``
 is a ``train bench comm`` report with ``device_us`` (and ``graph_us`` with ``--graph``).
 Per operation and size the table pairs
 
 * ``device_us`` with nccl-tests' default loop (both: back-to-back operations, time / count),
-* ``graph_us`` with nccl-tests ``-G`` (both: the operations in a CUDA graph),
+* ``graph_us`` with nccl-tests ``-G`` (both: the operations in a CUDA graph), also with its
+  one-process-per-GPU run where there is one (as torchrun runs the bench),
 
 and gives the busbw of each; the headline pairs time up to 4 MiB (``device_us`` against ``-G``)
 and busbw above it (against the default loop). nccl-tests' in-place column for all_reduce (the bench reduces
@@ -107,8 +109,11 @@ def compare(parsed: dict, bench_rows: list[dict], tolerance: float = 0.10) -> li
             row["basis"], row["basis_ratio"] = "busbw", row["bench_busbw"] / row["nt_busbw"]
         if "basis" in row:
             row["basis_ok"] = abs(row["basis_ratio"] - 1) <= tolerance
-        for variant in ("blocking", "threads"):
+        for variant in ("blocking", "threads", "mpi_graph"):
             row[f"nt_{variant}_us"] = _nt(parsed, variant, op, nbytes)[0]
+        if row["nt_mpi_graph_us"] and b.get("graph_us") is not None:
+            row["graph_mpi_ratio"] = b["graph_us"] / row["nt_mpi_graph_us"]
+            row["graph_mpi_ok"] = abs(row["graph_mpi_ratio"] - 1) <= tolerance
         rows.append(row)
     return rows
 
@@ -125,6 +130,13 @@ def verdicts(rows: list[dict], tolerance: float = 0.10) -> list[str]:
             f"{r['op']} {r['size']} ({r[f'{column}_ratio']:.2f}x)" for r in bad)
         lines.append(f"- {column} vs nccl-tests {variant}: {len(judged) - len(bad)} of {len(judged)} sizes within "
                      f"{tolerance:.0%}{tail}")
+    judged = [r for r in rows if "graph_mpi_ok" in r]
+    if judged:
+        bad = [r for r in judged if not r["graph_mpi_ok"]]
+        tail = "" if not bad else ": outside at " + ", ".join(
+            f"{r['op']} {r['size']} ({r['graph_mpi_ratio']:.2f}x)" for r in bad)
+        lines.append(f"- graph_us vs nccl-tests -G one process per GPU (mpirun): {len(judged) - len(bad)} of "
+                     f"{len(judged)} sizes within {tolerance:.0%}{tail}")
     judged = [r for r in rows if "gapless_ok" in r]
     bad = [r for r in judged if not r["gapless_ok"]]
     tail = "" if not bad else ": outside at " + ", ".join(f"{r['op']} {r['size']} ({r['gapless_ratio']:.2f}x)"
@@ -150,14 +162,16 @@ def _cell(v, fmt: str = ".1f") -> str:
 
 def table(rows: list[dict]) -> list[str]:
     head = ("| op | size | nccl-tests µs | device_us | ratio | within | nccl-tests -G µs | graph_us | ratio | within "
-            "| nccl-tests busbw | bench busbw | nccl-tests -z 1 µs | nccl-tests -t 2 µs | host_us |")
+            "| nccl-tests -G mpirun µs | nccl-tests busbw | bench busbw | nccl-tests -z 1 µs | nccl-tests -t 2 µs "
+            "| host_us |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         out.append("| " + " | ".join([
             r["op"], r["size"], _cell(r.get("nt_default_us")), _cell(r.get("device_us")),
             _cell(r.get("device_us_ratio"), ".2f"), _cell(r.get("device_us_ok")),
             _cell(r.get("nt_graph_us")), _cell(r.get("graph_us")), _cell(r.get("graph_us_ratio"), ".2f"),
-            _cell(r.get("graph_us_ok")), _cell(r.get("nt_busbw"), ".2f"), _cell(r.get("bench_busbw"), ".2f"),
+            _cell(r.get("graph_us_ok")), _cell(r.get("nt_mpi_graph_us")), _cell(r.get("nt_busbw"), ".2f"),
+            _cell(r.get("bench_busbw"), ".2f"),
             _cell(r.get("nt_blocking_us")), _cell(r.get("nt_threads_us")), _cell(r.get("host_us"))]) + " |")
     return out
 

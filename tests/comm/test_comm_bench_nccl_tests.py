@@ -94,6 +94,28 @@ def test_compare_pairs_device_with_the_loop_and_graph_with_graphs():
     assert md.count("\n") == 4 and "| all_gather | 8K | 10.0 | 12.5 | 1.25 | NO |" in md
 
 
+def test_a_variant_over_two_runs_and_the_one_process_per_gpu_graphs():
+    """The script runs each variant over 8K-4M and 8M-1G (nccl-tests sizes its buffers for the
+    largest size of a run): both runs' rows land in one table; ``mpi_graph`` (-G under mpirun, one
+    process per GPU) is set beside ``graph_us`` with its own verdict."""
+    head = "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong"
+    text = _nt_text()
+    for rng, nbytes, t in (("-b 8K -e 4M", 8192, 6.0), ("-b 8M -e 1G", 1 << 30, 1690.0)):
+        text += "\n".join([f"### variant=mpi_graph op=all_reduce: all_reduce_perf {rng} -f 2 -w 5 -g 1 -G 10 -c 0", head,
+                           _nt_line(nbytes, "sum", (t, 1.0, 1.0), (t, 1.0, 1.0), "N/A"), "### exit 0"]) + "\n"
+    parsed = compare.parse_nccl_tests(text)
+    assert set(parsed["mpi_graph"]["all_reduce"]) == {8192, 1 << 30}
+    rows = {(r["op"], r["size"]): r for r in compare.compare(parsed, _bench_rows())}
+    small, large = rows[("all_reduce", "8K")], rows[("all_reduce", "1G")]
+    assert small["nt_mpi_graph_us"] == 6.0 and small["graph_mpi_ratio"] == pytest.approx(8.0 / 6.0)
+    assert not small["graph_mpi_ok"] and large["graph_mpi_ok"]
+    assert "graph_mpi_ratio" not in rows[("all_gather", "8K")]  # no mpirun run of all_gather
+    lines = compare.verdicts(list(rows.values()))
+    assert lines[2] == ("- graph_us vs nccl-tests -G one process per GPU (mpirun): 1 of 2 sizes within 10%: "
+                        "outside at all_reduce 8K (1.33x)")
+    assert "| 6.0 |" in compare.table([small])[2]
+
+
 def test_symm_mem_wins_names_each_basis():
     latency = [{"size": "4K", "bytes": 4096, "nccl_device_us": 12.0, "one_shot_device_us": 9.0,
                 "two_shot_device_us": 10.0, "nccl_graph_us": 6.0, "one_shot_graph_us": 7.0, "two_shot_graph_us": 8.0,
@@ -133,7 +155,9 @@ def test_script_pins_its_source_and_keeps_multicast_off():
     assert "NCCL_NVLS_ENABLE=1" not in text
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         assert op in text
-    assert "SIZES=(-b 8K -e 1G -f 2)" in text and "--min-bytes 8K --max-bytes 1G" in text
+    # nccl-tests over the bench's sizes, in two runs (its buffers sized for each run's largest)
+    assert 'RANGES=("-b 8K -e 4M" "-b 8M -e 1G")' in text and "--min-bytes 8K --max-bytes 1G" in text
+    assert "-x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS" in text  # mpirun's ranks
 
 
 def test_script_is_shellcheck_clean():
