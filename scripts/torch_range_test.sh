@@ -12,7 +12,8 @@
 # processes): see DEFAULT_TESTS.
 #
 # Environment: TORCH_RANGE ("2.7.1 2.10.0"), TORCH_RANGE_DIR (/var/tmp/hopper-train-torch-range),
-#              TORCH_RANGE_TESTS (pytest arguments), PYTHON (python3).
+#              TORCH_RANGE_TESTS (pytest arguments), PYTHON (python3), TORCH_RANGE_BUILD_ONLY=1
+#              (build the venvs and stop: .ci/run builds them while the cluster tests run).
 set -Eeuo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RANGE=${TORCH_RANGE:-2.7.1 2.10.0}
@@ -41,19 +42,38 @@ flock -w 3600 9
 
 key=$(sha256sum "$REPO/pyproject.toml" | cut -c1-12)
 rc=0
+# The missing venvs' torch (each about 3.3 GB to unpack) install side by side, then the
+# project into each, one at a time (pip builds it in the source tree).
+t0=$SECONDS
+pids=()
 for version in $RANGE; do
     venv=$DIR/torch-$version-$key
-    t0=$SECONDS
     if [[ ! -f $venv/.installed ]]; then
         rm -rf "$DIR"/torch-"$version"-*
         "$PY" -m venv "$venv"
         # the machine's pip constraints may cap torch at the newest version: not ours to pin here
-        PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q --disable-pip-version-check "torch==$version"
+        PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q --disable-pip-version-check "torch==$version" &
+        pids+=("$!")
+    fi
+done
+for pid in "${pids[@]}"; do
+    wait "$pid" || { echo "==> [torch_range] a torch install failed" >&2; exit 1; }
+done
+for version in $RANGE; do
+    venv=$DIR/torch-$version-$key
+    if [[ ! -f $venv/.installed ]]; then
         PIP_CONSTRAINT=/dev/null "$venv/bin/pip" install -q --disable-pip-version-check \
             "${REPO}[train,dev]" "torch==$version"
         touch "$venv/.installed"
     fi
-    echo "==> [torch_range] torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') (venv ready in $((SECONDS - t0))s)"
+done
+echo "==> [torch_range] venvs ready in $((SECONDS - t0))s"
+if [[ ${TORCH_RANGE_BUILD_ONLY:-0} == 1 ]]; then
+    exit 0
+fi
+for version in $RANGE; do
+    venv=$DIR/torch-$version-$key
+    echo "==> [torch_range] torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
     t0=$SECONDS
     args=()
     eval "args=($TESTS)"
