@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from testlib import torchrun
+from testlib import torchrun, train_cli
 from train.config import load_config
 from train.errors import ConfigError
 
@@ -33,16 +33,24 @@ def test_bench_comm_impl_latency_table_on_gloo(tmp_path):
     assert "nccl_host_us" in r.stdout and "best" in r.stdout and "nccl_device_us" not in r.stdout
 
 
+def test_bench_comm_impl_usage_error_under_torchrun(tmp_path):
+    r = torchrun(["bench", "comm", "--backend", "gloo", "--out", str(tmp_path), "--impl", "symm_mem"], timeout=120)
+    assert r.returncode != 0 and "exitcode: 2" in r.stderr  # each rank: one line, exit 2 (torchrun reports it)
+    assert "--impl symm_mem: needs CUDA GPUs and the nccl backend" in r.stderr, r.stderr[-2000:]
+    assert "train/bench" not in r.stderr and not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(("args", "message"), [
-    (["--impl", "symm_mem"], "--impl symm_mem: needs CUDA GPUs and the nccl backend"),
     (["--impl", "nvls"], "--impl: unknown 'nvls' (valid: nccl, symm_mem)"),
     (["--impl", "nccl", "--recommend"], "--recommend needs all_reduce in --ops (and no --impl)"),
 ])
 def test_bench_comm_impl_usage_errors(tmp_path, args, message):
-    r = torchrun(["bench", "comm", "--backend", "gloo", "--out", str(tmp_path), *args], timeout=120)
-    assert r.returncode != 0 and "exitcode: 2" in r.stderr  # each rank: one line, exit 2 (torchrun reports it)
-    assert message in r.stderr and "train/bench" not in r.stderr, r.stderr[-2000:]
-    assert not list(tmp_path.iterdir())
+    """Refused before any process group exists: one process shows it (the torchrun case above
+    shows each rank doing the same)."""
+    r = train_cli(["bench", "comm", "--backend", "gloo", "--out", str(tmp_path), *args], timeout=120)
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(errors) == 1 and message in errors[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not list(tmp_path.iterdir())
 
 
 @pytest.mark.gpu
