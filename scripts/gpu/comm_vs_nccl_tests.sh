@@ -147,7 +147,7 @@ else
 fi
 NT_LIBS="$WORK/nccl/lib:$CUDA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # for nccl-tests only: torch keeps its own
 
-# --- nccl-tests: 3 operations x 4 ways of timing
+# --- nccl-tests: 3 operations x 5 ways of timing
 nccl_tests() {  # nccl_tests VARIANT OP ARGS...
     local variant=$1 op=$2 rc=0
     shift 2
@@ -155,9 +155,9 @@ nccl_tests() {  # nccl_tests VARIANT OP ARGS...
     for range in "${RANGES[@]}"; do
         read -r -a sizes <<< "$range"
         rc=0
+        if [ "$variant" = mpi_graph ] && [ -z "$BUILD_MPI" ]; then continue; fi  # an earlier mpirun run failed
         echo "### variant=$variant op=$op: ${op}_perf ${sizes[*]} ${STEP[*]} $*" >> "$NT"
         if [ "$variant" = mpi_graph ]; then
-            [ -n "$BUILD_MPI" ] || continue
             timeout -k 5 45 mpirun --allow-run-as-root --oversubscribe -np "$N" -x LD_LIBRARY_PATH="$NT_LIBS" \
                 -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS \
                 "$BUILD_MPI/${op}_perf" "${sizes[@]}" "${STEP[@]}" "$@" >> "$NT" 2>&1 || rc=$?
@@ -170,7 +170,7 @@ nccl_tests() {  # nccl_tests VARIANT OP ARGS...
         say "nccl-tests $variant $op ${sizes[*]}: exit $rc"
     done
 }
-# COMM_VARIANTS: which of the four (default: all); COMM_LATENCY=0 skips the symmetric-memory run.
+# COMM_VARIANTS: which of the five (default: all); COMM_LATENCY=0 skips the symmetric-memory run.
 read -r -a variants <<< "${COMM_VARIANTS:-default graph blocking threads mpi_graph}"
 for op in all_reduce all_gather reduce_scatter; do
     for v in "${variants[@]}"; do
@@ -232,16 +232,19 @@ if [ "${COMM_PROTOCOLS:-1}" = 1 ]; then
             rm -f "$RES/protocols_$proto.md"
         fi
     done
-    # NCCL's own choice at 2 MiB, as its tuning log states it: the distinct (algorithm, protocol, channels) lines
+    # NCCL's own choice at 2 MiB, as its tuning log states it: the distinct (algorithm, protocol, channels) lines,
+    # counted, without the operation counters, pointers and predicted times that make each line unique
+    tuning_lines() {
+        grep -i 'ReduceScatter' | sed -E 's/^[^ ]+ +[0-9]+:[0-9]+ +\[[0-9]+\] +//; s/opCount [0-9a-f]+//; s/0x[0-9a-f]+//g; s/time [0-9.]+//' \
+            | sort | uniq -c | sort -rn | head -n 12
+    }
     echo "### NCCL_DEBUG_SUBSYS=TUNING nccl-tests reduce_scatter 2M -G 10" >> "$PT"
     timeout -k 5 60 env LD_LIBRARY_PATH="$NT_LIBS" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING "$BUILD/reduce_scatter_perf" \
-        -b 2M -e 2M -w 5 -g "$N" -G 10 -c 0 2>&1 | grep -i 'ReduceScatter' | sed -E 's/^[^ ]+ +[0-9]+:[0-9]+ +\[[0-9]+\] +//; s/opCount [0-9a-f]+//; s/0x[0-9a-f]+//g; s/time [0-9.]+//' \
-        | sort | uniq -c | sort -rn | head -n 12 >> "$PT" || true
+        -b 2M -e 2M -w 5 -g "$N" -G 10 -c 0 2>&1 | tuning_lines >> "$PT" || true
     echo "### NCCL_DEBUG_SUBSYS=TUNING train bench comm reduce_scatter 2M" >> "$PT"
     timeout -k 10 90 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING "$PY" -m torch.distributed.run --standalone \
         --nproc-per-node "$N" -m train bench comm --ops reduce_scatter --dtype float32 --min-bytes 2M --max-bytes 2M \
-        --no-p2p --out "$WORK/bench" --name tuning 2>&1 | grep -i 'ReduceScatter' \
-        | sed -E 's/^[^ ]+ +[0-9]+:[0-9]+ +\[[0-9]+\] +//; s/opCount [0-9a-f]+//; s/0x[0-9a-f]+//g; s/time [0-9.]+//' | sort | uniq -c | sort -rn | head -n 12 >> "$PT" || true
+        --no-p2p --out "$WORK/bench" --name tuning 2>&1 | tuning_lines >> "$PT" || true
     say "protocols: $(wc -l < "$PT") lines"
 fi
 

@@ -118,37 +118,29 @@ def compare(parsed: dict, bench_rows: list[dict], tolerance: float = 0.10) -> li
     return rows
 
 
+def _verdict(label: str, rows: list[dict], key: str, tolerance: float, basis: bool = False) -> str:
+    """``- LABEL: k of n sizes within 10%[: outside at ...]`` over the rows judged on ``KEY_ok``
+    (``KEY_ratio`` is the ratio; ``basis``: each ratio named by its basis)."""
+    judged = [r for r in rows if f"{key}_ok" in r]
+    bad = [r for r in judged if not r[f"{key}_ok"]]
+    tail = "" if not bad else ": outside at " + ", ".join(
+        f"{r['op']} {r['size']} ({r['basis'] + ' ' if basis else ''}{r[f'{key}_ratio']:.2f}x)" for r in bad)
+    return f"- {label}: {len(judged) - len(bad)} of {len(judged)} sizes within {tolerance:.0%}{tail}"
+
+
 def verdicts(rows: list[dict], tolerance: float = 0.10) -> list[str]:
+    def measured(key: str) -> bool:
+        return any(f"{key}_ok" in r for r in rows)
+
     lines = []
     for variant, column in PAIRS:
-        judged = [r for r in rows if f"{column}_ok" in r]
-        if not judged:
-            lines.append(f"- {column} vs nccl-tests {variant}: not measured")
-            continue
-        bad = [r for r in judged if not r[f"{column}_ok"]]
-        tail = "" if not bad else ": outside at " + ", ".join(
-            f"{r['op']} {r['size']} ({r[f'{column}_ratio']:.2f}x)" for r in bad)
-        lines.append(f"- {column} vs nccl-tests {variant}: {len(judged) - len(bad)} of {len(judged)} sizes within "
-                     f"{tolerance:.0%}{tail}")
-    judged = [r for r in rows if "graph_mpi_ok" in r]
-    if judged:
-        bad = [r for r in judged if not r["graph_mpi_ok"]]
-        tail = "" if not bad else ": outside at " + ", ".join(
-            f"{r['op']} {r['size']} ({r['graph_mpi_ratio']:.2f}x)" for r in bad)
-        lines.append(f"- graph_us vs nccl-tests -G one process per GPU (mpirun): {len(judged) - len(bad)} of "
-                     f"{len(judged)} sizes within {tolerance:.0%}{tail}")
-    judged = [r for r in rows if "gapless_ok" in r]
-    bad = [r for r in judged if not r["gapless_ok"]]
-    tail = "" if not bad else ": outside at " + ", ".join(f"{r['op']} {r['size']} ({r['gapless_ratio']:.2f}x)"
-                                                          for r in bad)
-    lines.append(f"- device_us vs nccl-tests -G (both without launch gaps): {len(judged) - len(bad)} of {len(judged)} "
-                 f"sizes within {tolerance:.0%}{tail}")
-    judged = [r for r in rows if "basis_ok" in r]
-    bad = [r for r in judged if not r["basis_ok"]]
-    tail = "" if not bad else ": outside at " + ", ".join(
-        f"{r['op']} {r['size']} ({r['basis']} {r['basis_ratio']:.2f}x)" for r in bad)
-    lines.append(f"- time up to {SMALL_MAX >> 20}M (device_us vs nccl-tests -G), busbw above (vs nccl-tests' default "
-                 f"loop): {len(judged) - len(bad)} of {len(judged)} sizes within {tolerance:.0%}{tail}")
+        label = f"{column} vs nccl-tests {variant}"
+        lines.append(_verdict(label, rows, column, tolerance) if measured(column) else f"- {label}: not measured")
+    if measured("graph_mpi"):
+        lines.append(_verdict("graph_us vs nccl-tests -G one process per GPU (mpirun)", rows, "graph_mpi", tolerance))
+    lines.append(_verdict("device_us vs nccl-tests -G (both without launch gaps)", rows, "gapless", tolerance))
+    lines.append(_verdict(f"time up to {SMALL_MAX >> 20}M (device_us vs nccl-tests -G), busbw above (vs nccl-tests' "
+                          "default loop)", rows, "basis", tolerance, basis=True))
     return lines
 
 
