@@ -36,17 +36,21 @@ def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_tflops: float 
 
 
 class StepTimer:
-    """Wall time of a step; synchronises the device so queued GPU work is counted."""
+    """Wall time of a step. ``sync``: wait for the device at the end, so all queued GPU work is
+    counted in this step. Without it the step ends where the host last waited for the device; in
+    a loop that waits once per step that is the period of the steady state, the work still queued
+    at the end (the optimizer) counted in the next step."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, sync: bool = True):
         self.device = device
+        self.sync = sync
         self.t0 = 0.0
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
 
     def stop(self) -> float:
-        if self.device.type == "cuda":
+        if self.sync and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - self.t0
 

@@ -113,6 +113,8 @@ class Trainer:
         # fused AdamW decides on the GPU whether to apply a step (found_inf): no wait before it
         self.device_gated = device_gated(self.optimizer, self.scaler, self.par)
         self.clip_in_step = clip_in_step(job.optim, self.device_gated)
+        self._agree_host: torch.Tensor | None = None  # pinned copy of the step's agreement (CUDA)
+        self._agree_done: torch.cuda.Event | None = None
         self.accum = grad_accum_steps(job, self.par.dp_world)
         self.loader = build_loader(
             job.data, job.train.seq_len, job.train.batch_size,
@@ -217,10 +219,11 @@ class Trainer:
             loss_sum += loss.detach().full_tensor() if hasattr(loss, "full_tensor") else loss.detach()
         return loss_sum
 
-    def _agree_start(self, loss: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
+    def _agree_start(self, loss: torch.Tensor, nonfinite: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         """Queue the one small all-reduce of the step: summed loss, any rank non-finite (a device
         tensor: the gradient norm is never waited for on its own), any rank preempted, and (async
-        checkpoints) whether every rank's background write has finished. Read by ``_agree_read``."""
+        checkpoints) whether every rank's background write has finished; then, on CUDA, the copy
+        of it and of the gradient norm into pinned host memory. Read by ``_agree_read``."""
         vec = torch.stack([
             loss.float(),
             nonfinite.to(device=self.device, dtype=torch.float32),
@@ -232,15 +235,29 @@ class Trainer:
         if self.info.backend is not None:
             with tdist.collective(_AGREEMENT):
                 torch.distributed.all_reduce(vec)
+        vec = torch.cat([vec, grad_norm.detach().reshape(1).to(device=self.device, dtype=torch.float32)])
+        if self.device.type == "cuda":
+            # Queued before the optimizer step: the host then waits for this copy alone
+            # (``_agree_read``), not for the step, and queues the next step's forward while the
+            # GPU runs the optimizer. A read of a device tensor would wait for the whole stream.
+            if self._agree_host is None:
+                self._agree_host = torch.empty(vec.shape, dtype=vec.dtype, pin_memory=True)
+                self._agree_done = torch.cuda.Event()
+            self._agree_host.copy_(vec, non_blocking=True)
+            self._agree_done.record()
         return vec
 
-    def _agree_read(self, vec: torch.Tensor) -> tuple[float, bool, bool]:
-        """The host's one wait per step: (mean loss, anything non-finite, stop requested)."""
+    def _agree_read(self, vec: torch.Tensor) -> tuple[float, bool, bool, float]:
+        """The host's one wait per step: (mean loss, anything non-finite, stop requested, gradient norm)."""
         with tdist.collective(_AGREEMENT):
-            total, bad, stop, written = vec.tolist()
+            if self.device.type == "cuda":
+                self._agree_done.synchronize()
+                total, bad, stop, written, norm = self._agree_host.tolist()
+            else:
+                total, bad, stop, written, norm = vec.tolist()
         mean_loss = total / self.info.world_size
         self._ckpt_written = written >= self.info.world_size
-        return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0
+        return mean_loss, bad > 0 or not math.isfinite(mean_loss), stop > 0, norm
 
     def _device_gated_step(self, vec: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Queue the fused AdamW step before the host waits: the kernel itself skips the update
@@ -278,16 +295,16 @@ class Trainer:
                 # fp16: inf gradients are expected now and then; GradScaler skips those steps itself.
                 norm_bad = (~torch.isfinite(grad_norm) if self.scaler is None
                             else torch.zeros((), dtype=torch.bool, device=grad_norm.device))
-                vec = self._agree_start(loss, norm_bad)
+                vec = self._agree_start(loss, norm_bad, grad_norm)
                 # hooks after the step may read gradients (LocalSGD's averager): zero them after those
                 zero_early = self.device_gated and not self.par.after_optimizer_step
                 if self.device_gated:
                     self._device_gated_step(vec, grad_norm)
                     if zero_early:
                         self.optimizer.zero_grad(set_to_none=True)
-                mean_loss, nonfinite, stop = self._agree_read(vec)
+                mean_loss, nonfinite, stop, norm = self._agree_read(vec)
             if nonfinite:
-                self._handle_nonfinite(mean_loss, float(grad_norm))  # device-gated: the update was skipped
+                self._handle_nonfinite(mean_loss, norm)  # device-gated: the update was skipped
             else:
                 if not self.device_gated:
                     self._host_step()
@@ -297,7 +314,7 @@ class Trainer:
             if not zero_early:
                 self.optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
-        return mean_loss, float(grad_norm), stop
+        return mean_loss, norm, stop
 
     def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
         step = self.step + 1
@@ -314,7 +331,10 @@ class Trainer:
     def fit(self) -> Summary:
         job, summary = self.job, Summary(start_step=self.step)
         tokens_per_step = job.train.batch_size * job.train.seq_len * self.accum * self.par.dp_world
-        timer = StepTimer(self.device)
+        # step_metrics read what the finished step did: those runs wait for it; else the host
+        # queues the next step while the GPU still runs the optimizer (the step's one wait is
+        # the agreement read), and a step's time runs from the loop's top to that read
+        timer = StepTimer(self.device, sync=bool(self.par.step_metrics))
         progress = ProgressBar(self.info.is_main and job.metrics.progress, job.train.steps, self.step)
         tracer = StepTracer(parse_window(job.metrics.trace_steps), self.out_dir, self.info.rank, self.device)
         try:
