@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# old (HEAD: a device sync each step) against new (the agreement read alone) at the same time on
-# separate GPU pairs, then swapped; 8b and 1b bf16 defaults
+# old (the previous commit's train/ and core/ in .probe/old: a device sync each step) against new
+# (the agreement read alone) at the same time on separate GPU pairs, then swapped; 8b and 1b bf16
+# defaults. Run from the repository root on a machine of 4 GPUs; /tmp/ab must not exist yet.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=8 PYTHONUNBUFFERED=1
 root=$PWD
@@ -20,8 +21,8 @@ v = [r["tokens_per_s_per_gpu"] for r in rows if "tokens_per_s_per_gpu" in r][4:]
 print(sys.argv[2], "median tok/s/GPU", round(statistics.median(v)), "n", len(v), "peak", max(r.get("peak_mem_gib", 0) for r in rows))
 PY
 }
-for preset_steps in "8b 16" "1b 30"; do
-  set -- $preset_steps; p=$1; s=$2
+for p in 8b 1b; do
+  s=16; if [ "$p" = 1b ]; then s=30; fi
   one "${p}_old_a" "$root/.probe/old" 0,1 29511 "$p" "$s" & one "${p}_new_a" "$root" 2,3 29522 "$p" "$s" & wait
   one "${p}_new_b" "$root" 0,1 29533 "$p" "$s" & one "${p}_old_b" "$root/.probe/old" 2,3 29544 "$p" "$s" & wait
   for n in old_a new_a old_b new_b; do med "${p}_$n"; done
