@@ -63,12 +63,12 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, mode: str = "eage
 
 # ----------------------------------------------------------------------------- chunked
 def _chunk_math(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
-    """One chunk: summed loss and the gradients of that sum w.r.t. ``x`` and ``w``.
+    """One chunk: summed loss, its gradient w.r.t. ``x`` and w.r.t. the chunk's logits.
 
     x: [n, dim] and w: [vocab, dim] in the compute dtype; t: [n] targets. The softmax is
     taken in fp32; the gradient of the logits is cast back to the compute dtype for the
-    two matmuls, as autocast's backward would. The gradients come back in the compute
-    dtype (the caller accumulates ``grad_w`` over chunks in fp32)."""
+    matmuls, as autocast's backward would. The caller turns the logits' gradient into the
+    weight's (:func:`_accumulate_grad_w`), accumulating over chunks in fp32."""
     logits = (x @ w.t()).float()
     lse = torch.logsumexp(logits, dim=-1)
     valid = t != IGNORE_INDEX
@@ -79,7 +79,24 @@ def _chunk_math(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
     cols = torch.arange(logits.shape[1], device=logits.device)
     grad = torch.where(cols[None, :] == safe[:, None], probs - 1.0, probs)
     grad = torch.where(valid[:, None], grad, torch.zeros_like(grad)).to(x.dtype)
-    return loss, grad @ w, grad.t() @ x
+    return loss, grad @ w, grad
+
+
+# torch >= 2.8 on CUDA: bf16/fp16 matmuls with an fp32 output (``out_dtype``), accumulated into
+# it by cuBLAS (beta=1): no separate add of a [vocab, dim] fp32 tensor per chunk.
+_MM_FP32_OUT = hasattr(torch.ops.aten.addmm, "dtype_out")
+
+
+def _accumulate_grad_w(grad_w: torch.Tensor | None, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``grad_w + grad.T @ x`` in fp32 (``grad_w`` None: the first chunk's product)."""
+    if _MM_FP32_OUT and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        if grad_w is None:
+            return torch.mm(grad.t(), x, out_dtype=torch.float32)
+        return torch.addmm(grad_w, grad.t(), x, out_dtype=torch.float32, out=grad_w)
+    part = (grad.t() @ x).float()  # rounded to the compute dtype first, as a plain matmul is
+    if grad_w is None:
+        return part
+    return grad_w.add_(part)
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -97,17 +114,20 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         x, w = flat.to(compute_dtype), weight.to(compute_dtype)
         step = _compile(_chunk_math) if compiled else _chunk_math
         grad_h = torch.empty_like(flat)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_w = None  # fp32 [vocab, dim]
         loss = torch.zeros((), dtype=torch.float32, device=h.device)
         with torch.autocast(h.device.type, enabled=False):
             for start in range(0, flat.shape[0], chunk):
                 end = min(start + chunk, flat.shape[0])
-                part_loss, part_gh, part_gw = step(x[start:end], w, t[start:end])
+                part_loss, part_gh, part_grad = step(x[start:end], w, t[start:end])
                 loss += part_loss
                 grad_h[start:end] = part_gh
-                grad_w += part_gw  # fp32 accumulator, in place (no fp32 copy of the part)
+                grad_w = _accumulate_grad_w(grad_w, part_grad, x[start:end])
+                del part_grad
         count = (t != IGNORE_INDEX).sum().to(torch.float32)
         ctx.h_shape = h.shape
+        if grad_w is None:  # no tokens
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype), count)
         return loss / count
 
@@ -115,8 +135,10 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         grad_h, grad_w, count = ctx.saved_tensors
         scale = grad_output.to(torch.float32) / count
-        dh = (grad_h * scale.to(grad_h.dtype)).view(ctx.h_shape)
-        dw = grad_w * scale.to(grad_w.dtype)
+        # In place: the saved gradients are this function's alone and read once (no second
+        # backward through it), so scaling them needs no second copy at backward's start.
+        dh = grad_h.mul_(scale.to(grad_h.dtype)).view(ctx.h_shape)
+        dw = grad_w.mul_(scale.to(grad_w.dtype))
         return dh, dw, None, None, None, None
 
 
