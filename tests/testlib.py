@@ -109,8 +109,9 @@ def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
             raise TimeoutError(f"spawn({fn.__name__}): {world_size} ranks still running after {timeout:g} s")
 
 
-# The modules a rank's interpreter imports anyway; the fork server imports them once.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "train.trainer"]
+# The modules a rank's interpreter imports anyway (Dynamo: torch's optimizers and checkpoint
+# loading import it, compiled or not); the fork server imports them once.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "train.trainer"]
 _FORKSERVER_ENV: dict | None = None
 
 

@@ -42,6 +42,7 @@ null = os.open(os.devnull, os.O_RDWR)
 os.dup2(null, 0)
 os.dup2(null, 1)
 import torch  # noqa: F401  (the point: imported once, before any fork)
+import torch._dynamo  # noqa: F401  (a training run imports it: torch's optimizers, checkpoint loading)
 import train.cli, train.trainer, train.spawn  # noqa: F401
 from train.distributed import end_process
 proto_out.write("ready\n")
