@@ -32,11 +32,22 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """One embedded-corpus cache for the whole session, not the user's ~/.cache."""
+    """One embedded-corpus cache for the whole session, not the user's ~/.cache. What code run
+    in this process writes into its environment does not outlive the test (Inductor writes its
+    /tmp default into TORCHINDUCTOR_CACHE_DIR when first asked): a variable read at import time
+    (tests/zygote.py's FRESH_PREFIXES) that stayed changed would make every later train run of
+    this process a new interpreter instead of a fork of the zygote."""
+    from zygote import FRESH_PREFIXES
+
     cache = tmp_path_factory.getbasetemp() / "xdg-cache"
     cache.mkdir(exist_ok=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    before = {k: v for k, v in os.environ.items() if k.startswith(FRESH_PREFIXES)}
+    yield
+    for key in [k for k in os.environ if k.startswith(FRESH_PREFIXES) and k not in before]:
+        del os.environ[key]
+    os.environ.update(before)
 
 
 @pytest.fixture(params=["sync", "async"])

@@ -8,13 +8,19 @@ writes into DIR what docs/data.md's ``train data prepare`` example reads: ``my-t
 tokenizer directory), ``corpus/*.txt``, ``more.jsonl``, ``part-0.parquet``,
 ``part-1.parquet`` and ``saved_dataset/`` (``datasets.save_to_disk``): documents from the
 Python standard library's sources.
+
+With ``DOCS_FIXTURES_CACHE`` set (tests/test_docs_commands.py sets it to one directory per
+test session), the files are made once there and copied into DIR for every later page.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 VOCAB = 512
@@ -46,7 +52,31 @@ def data_inputs(out: Path) -> None:
     datasets.Dataset.from_dict({"text": docs[18:24]}).save_to_disk(str(out / "saved_dataset"))
 
 
+def cached_data_inputs(out: Path, cache: Path) -> None:
+    """``data_inputs(out)``, made once under ``cache`` (the same files: nothing in them depends
+    on DIR) and copied; an entry that already exists in ``out`` is an error, as it is there."""
+    made = cache / "data-inputs"
+    if not made.is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(dir=cache))
+        data_inputs(fresh)
+        try:
+            fresh.rename(made)
+        except OSError:  # another page made it first
+            shutil.rmtree(fresh)
+    for entry in sorted(made.iterdir()):
+        if entry.is_dir():
+            shutil.copytree(entry, out / entry.name)
+        elif (out / entry.name).exists():
+            raise FileExistsError(out / entry.name)
+        else:
+            shutil.copy2(entry, out / entry.name)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] != ["data-inputs"] or len(sys.argv) != 3:
         raise SystemExit("usage: python tests/docs_fixtures.py data-inputs DIR")
-    data_inputs(Path(sys.argv[2]))
+    if os.environ.get("DOCS_FIXTURES_CACHE"):
+        cached_data_inputs(Path(sys.argv[2]), Path(os.environ["DOCS_FIXTURES_CACHE"]))
+    else:
+        data_inputs(Path(sys.argv[2]))

@@ -44,7 +44,7 @@ DATA_EXTRA = ("datasets", "tokenizers", "pyarrow")  # what tests/docs_fixtures.p
 PENDING_REWRITE: dict[str, str] = {}
 
 
-def _env(tmp: Path) -> dict[str, str]:
+def _env(tmp: Path, fixtures_cache: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)
     if not (Path(bin_dir) / "python").exists():  # only python3 (Debian, the image): `python` is this one
@@ -54,6 +54,9 @@ def _env(tmp: Path) -> dict[str, str]:
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT),
                DOCS_RENDER_LOG=str(tmp / "render.log"), OMP_NUM_THREADS="1")
     env.pop("TRAIN_DEBUG", None)
+    env.pop("DOCS_FIXTURES_CACHE", None)
+    if fixtures_cache is not None:  # setup inputs made once per session (tests/docs_fixtures.py)
+        env["DOCS_FIXTURES_CACHE"] = str(fixtures_cache)
     return env
 
 
@@ -70,13 +73,13 @@ def _workdir(tmp: Path) -> Path:
     return work
 
 
-def _run_page(rel: str, tmp: Path, path: Path | None = None) -> None:
+def _run_page(rel: str, tmp: Path, path: Path | None = None, fixtures_cache: Path | None = None) -> None:
     page = parse_page(path or ROOT / rel)
     assert page.problems == [], "\n".join(page.problems)
     script, where = page_script(page, rel)
     (tmp / "page.sh").write_text(script)
     work = _workdir(tmp)
-    proc = subprocess.Popen(["bash", str(tmp / "page.sh")], cwd=work, env=_env(tmp), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["bash", str(tmp / "page.sh")], cwd=work, env=_env(tmp, fixtures_cache), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=PAGE_TIMEOUT_S)
@@ -98,12 +101,18 @@ def _run_page(rel: str, tmp: Path, path: Path | None = None) -> None:
 @pytest.mark.parametrize("rel", [pytest.param(p, marks=pytest.mark.xfail(reason=f"pending rewrite: {PENDING_REWRITE[p]}",
                                                                         run=False))
                                  if p in PENDING_REWRITE else p for p in PAGES])
-def test_every_command_of_the_page_works_as_written(rel, tmp_path):
+def test_every_command_of_the_page_works_as_written(rel, tmp_path, fixtures_cache):
     if "docs_fixtures.py data-inputs" in (ROOT / rel).read_text():  # its examples prepare data sets
         missing = [m for m in DATA_EXTRA if importlib.util.find_spec(m) is None]
         if missing:
             pytest.skip(f"{rel}: needs the data extra ({', '.join(missing)} missing): pip install -e '.[data]'")
-    _run_page(rel, tmp_path)
+    _run_page(rel, tmp_path, fixtures_cache=fixtures_cache)
+
+
+@pytest.fixture(scope="session")
+def fixtures_cache(tmp_path_factory) -> Path:
+    """Where tests/docs_fixtures.py keeps what a page's setup makes, for the next page."""
+    return tmp_path_factory.mktemp("docs-fixtures")
 
 
 # ----------------------------------------------------------------------------- the mechanism itself

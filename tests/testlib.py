@@ -51,11 +51,12 @@ def free_port() -> int:
 
 def torchrun(args: list[str], nproc: int = 2, extra_env: dict | None = None, timeout: float = 300,
              torchrun_args: list[str] | None = None) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node N -m train <args>`` with a private rendezvous port."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           *(torchrun_args or []), "-m", "train", *args]
-    return run(cmd, extra_env, timeout)
+    """``torchrun --nproc-per-node N -m train <args>`` with a private rendezvous port. The
+    launcher is forked from the zygote where the environment allows (tests/zygote.py); its
+    workers are new interpreters, as torchrun always starts them."""
+    launcher = ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{free_port()}", *(torchrun_args or []), "-m", "train", *args]
+    return _python_m("torch.distributed.run", launcher, extra_env, timeout)
 
 
 _ZYGOTE = None
@@ -64,6 +65,11 @@ _ZYGOTE = None
 def train_cli(args: list[str], extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """One process, no torchrun: ``python -m train <args>``, forked from a zygote that has
     imported torch once (tests/zygote.py) where the environment allows, else started afresh."""
+    return _python_m("train", args, extra_env, timeout)
+
+
+def _python_m(module: str, args: list, extra_env: dict | None, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS``: forked from the zygote where allowed, else a new interpreter."""
     global _ZYGOTE
     env = child_env(extra_env)
     if os.environ.get("TRAIN_TEST_NO_ZYGOTE") != "1":
@@ -73,10 +79,10 @@ def train_cli(args: list[str], extra_env: dict | None = None, timeout: float = 3
             _ZYGOTE = Zygote(child_env())
         if _ZYGOTE.usable(env) and _ZYGOTE.lock.acquire(blocking=False):
             try:
-                return _ZYGOTE.run([str(a) for a in args], env, ROOT, timeout)
+                return _ZYGOTE.run([str(a) for a in args], env, ROOT, timeout, module)
             finally:
                 _ZYGOTE.lock.release()
-    return run([sys.executable, "-m", "train", *args], extra_env, timeout)
+    return run([sys.executable, "-m", module, *args], extra_env, timeout)
 
 
 def run(cmd: list[str], extra_env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -91,8 +97,9 @@ def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
     import torch.multiprocessing as mp
 
     port = free_port()
-    ctx = mp.start_processes(_entry, args=(fn, world_size, port, args), nprocs=world_size, join=False,
-                             start_method="spawn")
+    env = dict(os.environ)
+    ctx = mp.start_processes(_entry, args=(fn, world_size, port, args, (os.getpid(), env)), nprocs=world_size,
+                             join=False, start_method=_start_method(env))
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
         if time.monotonic() > deadline:  # a rank hung (e.g. in a collective whose peer died)
@@ -102,13 +109,62 @@ def spawn(fn, world_size: int = 2, *args, timeout: float = 240) -> None:
             raise TimeoutError(f"spawn({fn.__name__}): {world_size} ranks still running after {timeout:g} s")
 
 
-def _entry(rank: int, fn, world_size: int, port: int, args) -> None:
+# The modules a rank's interpreter imports anyway (Dynamo: torch's optimizers and checkpoint
+# loading import it, compiled or not); the fork server imports them once.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo", "train.trainer"]
+_FORKSERVER_ENV: dict | None = None
+
+
+def _start_method(env: dict) -> str:
+    """How ``spawn`` starts its ranks: "forkserver" (each rank a fresh process forked from a
+    server that imported ``FORKSERVER_PRELOAD`` once, about 5 s of CPU less per rank), or
+    "spawn" (a new interpreter) where this call's environment differs from the server's in a
+    variable read at import time (tests/zygote.py's rule) or TRAIN_TEST_NO_ZYGOTE=1."""
+    global _FORKSERVER_ENV
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from zygote import FRESH_PREFIXES
+
+    if os.environ.get("TRAIN_TEST_NO_ZYGOTE") == "1":
+        return "spawn"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    pid = forkserver._forkserver._forkserver_pid
+    forkserver.ensure_running()  # started (or restarted) here, with this environment
+    if _FORKSERVER_ENV is None or forkserver._forkserver._forkserver_pid != pid:
+        _FORKSERVER_ENV = dict(env)
+    for key in set(env) | set(_FORKSERVER_ENV):
+        if key.startswith(FRESH_PREFIXES) and env.get(key) != _FORKSERVER_ENV.get(key):
+            return "spawn"
+    return "forkserver"
+
+
+def _adopt(caller: tuple[int, dict]) -> None:
+    """In a rank: the environment and standard streams of the process that called ``spawn``
+    (``caller``: its pid and environment), as of the call: a forked rank has the fork
+    server's; a spawned one has these already."""
+    parent, env = caller
+    os.environ.clear()
+    os.environ.update(env)
+    for fd in (1, 2):
+        try:
+            if os.path.samestat(os.stat(f"/proc/{parent}/fd/{fd}"), os.fstat(fd)):
+                continue
+            new = os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY | os.O_APPEND)
+        except OSError:  # not on Linux, or a stream that cannot be reopened: keep the server's
+            continue
+        os.dup2(new, fd)
+        os.close(new)
+
+
+def _entry(rank: int, fn, world_size: int, port: int, args, caller: tuple[int, dict]) -> None:
     import datetime
     import faulthandler
 
     import torch
     import torch.distributed as dist
 
+    _adopt(caller)
     faulthandler.enable(all_threads=True)  # a C++ abort (SIGABRT) prints every thread's Python stack
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))

@@ -1,4 +1,5 @@
-"""``python -m train ARGS`` as a real child process, minus the interpreter start.
+"""``python -m train ARGS`` (or ``python -m torch.distributed.run ARGS``, torchrun's launcher) as a
+real child process, minus the interpreter start.
 
 Most CPU tests of ``train`` start it as a process (its exit status, its stderr line, the files
 it leaves), and each start spends about 4 s of a 2-core machine importing torch and the
@@ -9,7 +10,8 @@ would (``train.distributed.end_process``: the status Python would give, the exit
 memory, so the code under test runs as it does for a user; what it shares with the zygote is
 only the state that importing the modules creates.
 
-Used by ``testlib.train_cli`` where the call allows it (see ``usable``): not for an
+Used by ``testlib.train_cli`` and ``testlib.torchrun`` (the launcher only: torchrun starts
+each worker as a new interpreter, as always) where the call allows it (see ``usable``): not for an
 environment that changes what happens at import time (``fresh_env_keys``), and never from two
 threads at once (the second caller starts a plain process instead).
 """
@@ -40,6 +42,7 @@ null = os.open(os.devnull, os.O_RDWR)
 os.dup2(null, 0)
 os.dup2(null, 1)
 import torch  # noqa: F401  (the point: imported once, before any fork)
+import torch._dynamo  # noqa: F401  (a training run imports it: torch's optimizers, checkpoint loading)
 import train.cli, train.trainer, train.spawn  # noqa: F401
 from train.distributed import end_process
 proto_out.write("ready\n")
@@ -64,7 +67,7 @@ for line in proto_in:
             os.close(null)
             sys.argv = ["-m", *req["argv"]]
             try:
-                runpy.run_module("train", run_name="__main__", alter_sys=True)
+                runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
                 code = 0
             except SystemExit as exc:
                 code = exc.code
@@ -99,14 +102,16 @@ class Zygote:
                 return False
         return True
 
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-        """``python -m train ARGV`` forked from the zygote; a hang past ``timeout`` is killed and
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float,
+            module: str = "train") -> subprocess.CompletedProcess:
+        """``python -m MODULE ARGV`` forked from the zygote; a hang past ``timeout`` is killed and
         raised as subprocess.TimeoutExpired, as subprocess.run does."""
         import signal
 
+        cmd = [sys.executable, "-m", module, *argv]
         with tempfile.TemporaryDirectory(prefix="zygote-") as tmp:
             out, err = Path(tmp) / "out", Path(tmp) / "err"
-            req = {"argv": argv, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err)}
+            req = {"module": module, "argv": argv, "env": env, "cwd": str(cwd), "out": str(out), "err": str(err)}
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
             pid = json.loads(self.proc.stdout.readline())["pid"]
@@ -120,13 +125,12 @@ class Zygote:
                 except ProcessLookupError:
                     pass
                 reader.join(30)
-                raise subprocess.TimeoutExpired([sys.executable, "-m", "train", *argv], timeout,
+                raise subprocess.TimeoutExpired(cmd, timeout,
                                                 output=out.read_text(errors="replace"),
                                                 stderr=err.read_text(errors="replace"))
             status = json.loads(done[0])["status"]
             rc = os.waitstatus_to_exitcode(status)
-            return subprocess.CompletedProcess([sys.executable, "-m", "train", *argv], rc,
-                                               out.read_text(errors="replace"), err.read_text(errors="replace"))
+            return subprocess.CompletedProcess(cmd, rc, out.read_text(errors="replace"), err.read_text(errors="replace"))
 
     def close(self) -> None:
         if self.proc.poll() is None:
