@@ -23,7 +23,7 @@ TEST_WORKERS ?= 2
 # python already has setuptools (NGC images do).
 PIP_FLAGS ?=
 
-.PHONY: help setup demo test test-fast test-cluster test-arm64 lint render-k8s clean-venv
+.PHONY: help setup demo test test-fast test-cluster test-nodes test-podman test-arm64 lint render-k8s clean-venv
 
 help:  ## list targets (this file and docker/docker.mk)
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-20s %s\n", $$1, $$2}'
@@ -78,9 +78,13 @@ lint: setup  ## ruff (version pinned in the dev extra) on the Python code, shell
 # The host-side podman tests of rendered `launch docker` scripts.
 CLUSTER_PODMAN_TESTS ?= -q -p no:cacheprovider -m container -s tests/docker/test_launch_podman.py
 
-test-cluster: setup  ## deployment tests as root: emulated cluster (netns nodes: torchrun, elastic, real Slurm, slow link, preflight), then podman running rendered `launch docker` scripts against the image scripts/container_test.sh builds
+test-cluster: test-nodes test-podman  ## deployment tests as root: the two below, one after the other
+
+test-nodes: setup  ## as root: the emulated cluster (netns nodes: multi-node and elastic torchrun, real Slurm with preemption, a slow link, the preflight gate)
 	bash scripts/cluster_deps.sh
 	$(PY) -m pytest -q -m cluster -p no:cacheprovider --durations=15 tests/cluster $(PYTEST_ARGS)
+
+test-podman: setup  ## as root: the image built with podman (scripts/container_test.sh), pytest inside it, then podman running rendered `launch docker` scripts against it
 	CONTAINER_CI_LAUNCH_TESTS='$(CLUSTER_PODMAN_TESTS)' bash scripts/container_test.sh
 
 # ARM64_PLATFORMS=linux/amd64,linux/arm64: the multi-arch manifest (scripts/arm64_test.sh lists the knobs).

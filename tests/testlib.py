@@ -126,8 +126,8 @@ def _start_method(env: dict) -> str:
 
     from zygote import FRESH_PREFIXES
 
-    if os.environ.get("TRAIN_TEST_NO_ZYGOTE") == "1":
-        return "spawn"
+    if os.environ.get("TRAIN_TEST_NO_ZYGOTE") == "1" or _cuda_visible():
+        return "spawn"  # GPU machines: ranks start as new interpreters (CUDA and NCCL as a user has them)
     multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     pid = forkserver._forkserver._forkserver_pid
     forkserver.ensure_running()  # started (or restarted) here, with this environment
@@ -137,6 +137,12 @@ def _start_method(env: dict) -> str:
         if key.startswith(FRESH_PREFIXES) and env.get(key) != _FORKSERVER_ENV.get(key):
             return "spawn"
     return "forkserver"
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _adopt(caller: tuple[int, dict]) -> None:
