@@ -189,8 +189,11 @@ def test_sigterm_checkpoints_and_resume_continues(tmp_path, checkpoint_mode):
         job.kill()
     text = job.text()
     # torchrun forwards SIGTERM to the workers, waits for them, then re-raises the signal as
-    # SignalException and exits 1 by design; the workers' part is what we check.
-    assert rc == 1 and "SignalException" in text, text[-3000:]
+    # SignalException and exits 1 by design; the workers' part is what we check. Now and then
+    # torch's launcher then aborts while its interpreter exits (a C++ thread still joinable:
+    # "terminate called without an active exception", SIGABRT), after the workers are done.
+    aborted_at_exit = rc == -signal.SIGABRT and "terminate called without an active exception" in text
+    assert (rc == 1 or aborted_at_exit) and "SignalException" in text, text[-3000:]
     assert text.count("SIGTERM received") == 2, text[-3000:]
     step = int(text.split("preempted: checkpoint written at step", 1)[1].split(";")[0])
     assert 3 <= step < 400 and took < 30 + SLACK_S
