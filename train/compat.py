@@ -27,3 +27,11 @@ def cpu_sdpa_has_gqa_kernel(torch_version: str) -> bool:
     math backend, which materialises the s x s scores (measured: torch 2.7.1 CPU; 2.10.0 and
     2.13.0 CPU keep K/V unrepeated in the flash kernel)."""
     return _at_least(torch_version, (2, 10))
+
+
+def mm_fp32_out(torch_version: str) -> bool:
+    """bf16/fp16 matmuls that write fp32 on CUDA (``torch.mm``/``torch.addmm`` with
+    ``out_dtype``; ``aten::addmm.dtype_out``): torch 2.10.0 has them, 2.7.1 does not (checked
+    in the torch-range venvs). The chunked loss accumulates the output weight's gradient with
+    them (train/loss.py)."""
+    return _at_least(torch_version, (2, 10))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from train.compat import mm_fp32_out
 from train.config import LOSS_MODES  # noqa: F401 - the valid train.loss values
 
 IGNORE_INDEX = -100
@@ -82,9 +83,9 @@ def _chunk_math(x: torch.Tensor, w: torch.Tensor, t: torch.Tensor):
     return loss, grad @ w, grad
 
 
-# torch >= 2.8 on CUDA: bf16/fp16 matmuls with an fp32 output (``out_dtype``), accumulated into
-# it by cuBLAS (beta=1): no separate add of a [vocab, dim] fp32 tensor per chunk.
-_MM_FP32_OUT = hasattr(torch.ops.aten.addmm, "dtype_out")
+# On CUDA, bf16/fp16 matmuls with an fp32 output (``out_dtype``) accumulated into it by cuBLAS
+# (beta=1): no separate add of a [vocab, dim] fp32 tensor per chunk (train.compat.mm_fp32_out).
+_MM_FP32_OUT = mm_fp32_out(torch.__version__)
 
 
 def _accumulate_grad_w(grad_w: torch.Tensor | None, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import train.loss as loss_mod
 from testlib import NO_CXX, TRAJECTORY_STRATEGIES, assert_same_trajectory, cxx_compiler, rank0_result
+from train.compat import mm_fp32_out
 from train.config import load_config
 from train.errors import ConfigError
 from train.loss import IGNORE_INDEX, ChunkedLossHead, cross_entropy
@@ -249,6 +250,13 @@ def test_trainer_modes_agree_with_fsdp2_and_ddp_on_2_gloo_ranks(tmp_path):
     results = rank0_result(_trajectories, tmp_path, 2, TRAJECTORY_STRATEGIES)
     assert len(results) == len(TRAJECTORY_STRATEGIES) * len(MODES)
     _check(results)
+
+
+def test_the_fp32_output_matmul_rule_matches_the_installed_torch():
+    """train.compat's version rule for ``out_dtype`` matmuls (the chunked loss's fp32
+    accumulation) agrees with the installed torch's operator table."""
+    assert mm_fp32_out(torch.__version__) == hasattr(torch.ops.aten.addmm, "dtype_out")
+    assert mm_fp32_out("2.10.0+cu128") and not mm_fp32_out("2.7.1+cu126")
 
 
 @pytest.mark.gpu
