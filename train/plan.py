@@ -14,8 +14,9 @@ The rules (each one measured: docs/plan.md):
   Transformer Engine layers (``fp8.backend=te``).
 * ``train.loss`` / ``train.loss_chunk_tokens``: the chunked loss (output projection and loss
   fused over chunks, no full logits) where compile is on and the vocabulary is not sharded
-  (``parallel.tp == 1``); the chunk is the largest power of two <= 8192 tokens whose fp32
-  logits fit in 1 GiB (1b, 32k vocabulary: 8192; 8b, 128k vocabulary: 2048).
+  (``parallel.tp == 1``); the chunk is the largest power of two <= 8192 tokens (4096 on one
+  GPU) whose fp32 logits fit in 1 GiB (1b, 32k vocabulary: 8192, on one GPU 4096; 8b, 128k
+  vocabulary: 2048).
 * ``parallel.ac_skip_last`` (activation checkpointing on): every block is left out of AC where
   all their saved activations fit the card (the allocator's reserved memory, by the memory
   model ``train.memory``, stays :data:`HEADROOM_BYTES` below the card's memory): nothing is
@@ -80,9 +81,14 @@ RESERVED_PER_BLOCK = 0.70
 # 8b on 2xH200, the peak stayed at AC-full's with 8 blocks left out in bf16 and 11 in FP8, and
 # rose with 9 / 12 (measured 2026-11-26).
 FP8_ACTIVATION_FRACTION = 0.73
-# The chunked loss's fp32 logits per chunk stay under this.
+# The chunked loss's fp32 logits per chunk stay under this, and a chunk is at most
+# MAX_LOSS_CHUNK tokens. On one GPU (no sharded state: the loss runs near the step's peak) at
+# most MAX_LOSS_CHUNK_ONE_GPU: 1b 4x2048 on one H200, 4096 against 8192 tokens: 72,763 against
+# 72,193 tok/s, peak 22.69 against 22.92 GiB (torchtitan 22.89; 2026-11-29,
+# docs/results/h200-defaults/loss-chunk).
 LOSS_CHUNK_BYTES = GiB
 MAX_LOSS_CHUNK = 8192
+MAX_LOSS_CHUNK_ONE_GPU = 4096
 # 1b FSDP2 without AC: the activation budget 0.999 on the first 6 of 16 blocks kept the peak
 # under torchtitan's for 0.3% of the step (2xH100, seven runs in three calls, 2026-11-26).
 BUDGET = 0.999
@@ -175,9 +181,10 @@ def layout(inputs: PlanInputs, ac: str | None = None) -> Layout:
                   precision="fp32" if inputs.precision == "fp32" else "bf16", norm_fp32=inputs.norm_fp32)
 
 
-def loss_chunk(vocab: int) -> int:
-    """The largest power of two <= :data:`MAX_LOSS_CHUNK` whose fp32 logits fit :data:`LOSS_CHUNK_BYTES`."""
-    chunk = MAX_LOSS_CHUNK
+def loss_chunk(vocab: int, world: int = 2) -> int:
+    """The largest power of two <= :data:`MAX_LOSS_CHUNK` (:data:`MAX_LOSS_CHUNK_ONE_GPU` where
+    ``world`` is 1) whose fp32 logits fit :data:`LOSS_CHUNK_BYTES`."""
+    chunk = MAX_LOSS_CHUNK if world > 1 else MAX_LOSS_CHUNK_ONE_GPU
     while chunk > 256 and chunk * vocab * 4 > LOSS_CHUNK_BYTES:
         chunk //= 2
     return chunk
@@ -254,7 +261,7 @@ def plan(inputs: PlanInputs) -> PlanResult:
         res.reasons.append("the rest as configured (model.builder: no memory model to plan with)")
         return res
     if compiled and inputs.tp == 1 and _set(res, inputs, "train.loss", "chunked"):
-        chunk = loss_chunk(inputs.model.vocab_size)
+        chunk = loss_chunk(inputs.model.vocab_size, inputs.world)
         if _set(res, inputs, "train.loss_chunk_tokens", chunk):
             res.reasons.append(f"loss chunked by {chunk} tokens")
         else:
