@@ -57,10 +57,18 @@ def _image(o: dict, profile: catalog.Profile) -> str:
                        enroot=o.get("image_syntax") == "enroot")
 
 
-def check_pullable(spec: JobSpec, backend: str) -> None:
+def check_pullable(spec: JobSpec, backend: str, explicit: bool, warnings: list[str]) -> None:
     """A backend whose nodes pull the image (Kubernetes, Slurm + pyxis) gets a registry-qualified
-    reference, or ``--image-preloaded`` saying it is on every node already."""
+    reference, or ``--image-preloaded`` saying it is on every node already. A short name the user
+    gives (``--image ubuntu:22.04``) is Docker Hub's, as Kubernetes and enroot read it; only this
+    project's own image under its short name (what ``make build-image`` leaves on one machine) is
+    refused."""
     if spec.image_preloaded or registry_host(spec.image) is not None:
+        return
+    repository = re.split(r"[:@]", spec.image, maxsplit=1)[0]
+    if explicit and repository != defaults.IMAGE_REPOSITORY:
+        warnings.append(f"--image {spec.image}: no registry in the name; the nodes of `launch {backend}` "
+                        f"pull it from Docker Hub (docker.io/{spec.image if '/' in repository else 'library/' + spec.image})")
         return
     raise SpecError(f"--image {spec.image}: a short name that the nodes of `launch {backend}` cannot pull; "
                     "give --registry HOST[/PATH] (the REGISTRY of `make push`), a registry-qualified --image, "
@@ -101,7 +109,7 @@ def build(o: dict) -> Built:
         max_restarts=torchrun_max_restarts(nodes, o["max_restarts"]),
         entrypoint=parse_entrypoint(o["entrypoint"]),
         train_args=tuple(o["train_args"]),
-        env=parse_env_pairs(o["env"], allow_nccl),
+        env=parse_env_pairs(o["env"], allow_nccl, k8s=o.get("env_names") == "k8s"),
         mounts=tuple(parse_mount(m) for m in o["mount"]),
         checkpoint_dir=check_checkpoint_dir(o["checkpoint_dir"]),
         resources=Resources(
@@ -122,7 +130,7 @@ def build(o: dict) -> Built:
     )
     _check_mount_targets(spec)
     if o.get("pulls_image"):
-        check_pullable(spec, o["pulls_image"])
+        check_pullable(spec, o["pulls_image"], o["image"] is not None, warnings)
     return Built(spec, warnings)
 
 

@@ -15,6 +15,9 @@ from pathlib import Path
 from core.errors import SpecError
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+# Kubernetes' rule for a container's variables (no shell between them and the program): also
+# '.' and '-' (apimachinery's IsEnvVarName).
+_K8S_ENV_NAME = re.compile(r"[-._A-Za-z][-._A-Za-z0-9]*", re.ASCII)
 
 # Names copied around the internet that NCCL does not read (NCCL's env docs are the reference).
 NOT_NCCL = {
@@ -57,11 +60,15 @@ def documented_nccl() -> frozenset[str]:
     return frozenset(ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
 
 
-def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False) -> str:
-    """A valid identifier; an ``NCCL_*`` name must be one NCCL documents (NCCL ignores a
-    misspelt name silently) unless explicitly allowed."""
-    if not _ENV_NAME.fullmatch(name) or len(name) > 255:
-        raise SpecError(f"{option} {name!r}: {name!r} is not a valid environment variable name")
+def check_env_name(option: str, name: str, allow_undocumented_nccl: bool = False, k8s: bool = False) -> str:
+    """A valid identifier (``k8s``: Kubernetes' rule, which also takes '.' and '-'); an ``NCCL_*``
+    name must be one NCCL documents (NCCL ignores a misspelt name silently) unless explicitly
+    allowed."""
+    rule = _K8S_ENV_NAME if k8s else _ENV_NAME
+    if not rule.fullmatch(name) or name in (".", "..") or name.startswith("..") or len(name) > 255:
+        what = "a Kubernetes environment variable name" if k8s else \
+            "a valid environment variable name (letters, digits, '_'; Kubernetes also takes '.' and '-')"
+        raise SpecError(f"{option} {name!r}: {name!r} is not {what}")
     if name in NOT_NCCL:
         raise SpecError(f"{name} is not an NCCL variable: {NOT_NCCL[name]}")
     check_not_reserved(option, name)

@@ -154,7 +154,7 @@ def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
         raise SpecError(f"{owner} needs {name} for this site: {hint} ({why})")
 
     variables = tuple(e for e in entries.values() if isinstance(e, EnvVar))
-    check_safe(variables)
+    check_safe(variables, checked=frozenset(name for name, _ in spec.env))
     return EnvPlan(variables, tuple(warnings))
 
 
@@ -163,7 +163,9 @@ def build_env(spec: JobSpec, compute_domain: bool = False) -> EnvPlan:
 MULTICAST_OFF = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
+def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar], checked: frozenset[str] = frozenset()) -> None:
+    """Multicast stays off; every name valid and unreserved (``checked``: --env names, already
+    checked by their backend's rule, which for Kubernetes also takes '.' and '-')."""
     for var in variables:
         if var.name == NVLS_VARIABLE and var.value.strip() != "0":
             raise SpecError(
@@ -178,6 +180,6 @@ def check_safe(variables: tuple[EnvVar, ...] | list[EnvVar]) -> None:
         # profile and fabric files too: a valid, unreserved name ("NAME\n" is none). An NCCL name a
         # catalog file sets need not be in NCCL's documentation (site fabrics carry their network
         # plugin's variables, e.g. GCP's TCPXO ones); --env names were checked for that where they were parsed.
-        check_env_name("environment variable", var.name, allow_undocumented_nccl=True)
+        check_env_name("environment variable", var.name, allow_undocumented_nccl=True, k8s=var.name in checked)
         reject_nul(f"environment variable {var.name}", var.value)  # no process can receive it
         check_exec_string(f"environment variable {var.name} (as NAME=VALUE)", f"{var.name}={var.value}")

@@ -31,16 +31,19 @@ def parse_image(value: str, enroot: bool = False) -> str:
     shown = repr(value) if len(value) <= 100 else repr(value[:100]) + "..."
     if not value:
         raise SpecError("--image is empty")
+    if enroot and value.startswith(("/", ".")):  # pyxis: a squashfs file, never a pull
+        if _squashfs_file(value):
+            return value
+        raise SpecError(f"--image {shown}: a squashfs file for Slurm + pyxis is /path/image.sqsh or "
+                        "./path/image.sqsh (letters, digits and ._+@=- in each name)")
     match = _OCI_REFERENCE.fullmatch(value)
     ok = match is not None and len(match.group("name")) <= 255
     if not ok and enroot:
-        ok = bool(_ENROOT_REFERENCE.fullmatch(value)) or (
-            value.startswith("/") and value.endswith(".sqsh") and check_path("--image", value) == value
-        )
+        ok = bool(_ENROOT_REFERENCE.fullmatch(value)) or _squashfs_file(value)
     if ok:
         _check_registry(value)
     if not ok:
-        hint = " (Slurm + pyxis also take REGISTRY#IMAGE and /path/image.sqsh)" if enroot else ""
+        hint = " (Slurm + pyxis also take REGISTRY#IMAGE and a squashfs file, /path/image.sqsh or ./image.sqsh)" if enroot else ""
         raise SpecError(
             f"--image {shown}: not an image reference [HOST[:PORT]/]NAME[:TAG][@DIGEST] "
             f"(lower-case name, no spaces, no leading '-'){hint}"
@@ -48,12 +51,24 @@ def parse_image(value: str, enroot: bool = False) -> str:
     return value
 
 
+# A relative squashfs file: pyxis reads an image that starts with '/' or '.' as a file on the node
+# (relative to the job's working directory).
+_RELATIVE_FILE = re.compile(r"(?:\./(?:\.\./)*|(?:\.\./)+)(?:[A-Za-z0-9_+@=-][A-Za-z0-9._+@=-]*/)*[A-Za-z0-9_+@=-][A-Za-z0-9._+@=-]*")
+
+
+def _squashfs_file(value: str) -> bool:
+    """pyxis's ``--container-image PATH``: a squashfs file, absolute (a mount path's rules) or relative."""
+    if value.startswith("/"):
+        return check_path("--image", value, writable=False) == value
+    return bool(_RELATIVE_FILE.fullmatch(value)) and len(value) <= 4096
+
+
 def registry_host(value: str) -> str | None:
     """The registry an image reference names, None for a short name that each engine resolves
     its own way (docker: docker.io/library; podman: short-name aliases or an error; enroot: Docker
     Hub): the first path component with a '.' or ':' or ``localhost`` (distribution/reference's
-    normalization), enroot's ``[USER@]HOST#``, or a local ``/path.sqsh`` (a file, not a pull)."""
-    if value.startswith("/"):
+    normalization), enroot's ``[USER@]HOST#``, or a squashfs file (``/path``, ``./path``: not a pull)."""
+    if value.startswith(("/", "./", "../")):
         return "file"
     if "#" in value:
         return value.split("#", 1)[0].rsplit("@", 1)[-1]

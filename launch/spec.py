@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # annotations only: profiles and fabrics are loaded by the bu
 
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
+# A host the nodes resolve (the rendezvous host): glibc's resolver and docker's / Compose's DNS
+# also answer names with '_' (node_1), which RFC 1123 leaves out.
+_RESOLVED_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -193,14 +196,14 @@ def parse_positive_int(option: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
-def parse_env_pairs(values: tuple[str, ...] | list[str], allow_undocumented_nccl: bool = False
-                    ) -> tuple[tuple[str, str], ...]:
+def parse_env_pairs(values: tuple[str, ...] | list[str], allow_undocumented_nccl: bool = False,
+                    k8s: bool = False) -> tuple[tuple[str, str], ...]:
     pairs: list[tuple[str, str]] = []
     for item in values:
         if "=" not in item:
             raise SpecError(f"--env {item!r}: expected NAME=VALUE")
         name, val = item.split("=", 1)
-        check_env_name("--env", name, allow_undocumented_nccl)
+        check_env_name("--env", name, allow_undocumented_nccl, k8s=k8s)
         reject_nul(f"--env {name}", val)
         pairs.append((name, val))
     check_unique_env(name for name, _ in pairs)
@@ -218,16 +221,17 @@ def parse_endpoint(value: str | None, default_port: int) -> tuple[str | None, in
         host = match.group(1)
         if match.group(2) is not None:
             port = int(match.group(2))
-    if not match or not valid_host(host):
+    if not match or not valid_host(host, resolved=True):
         raise SpecError(f"--rdzv-endpoint {excerpt(value)}: expected HOST[:PORT] (a DNS name of at most 253 characters "
                         "in labels of 1..63, an IPv4 address or [IPv6])")
     return host, parse_port(port)
 
 
-def valid_host(host: str) -> bool:
+def valid_host(host: str, resolved: bool = False) -> bool:
     """Every host a user names (rendezvous, registry): an RFC 1123 name (at most 253
     characters, dot-separated labels of 1..63 letters, digits and '-', the last one not all
-    digits), a dotted-quad IPv4 address or a bracketed IPv6."""
+    digits; ``resolved``, a name the nodes' resolver looks up: '_' too), a dotted-quad IPv4
+    address or a bracketed IPv6."""
     if host.startswith("[") and host.endswith("]"):
         try:
             ipaddress.IPv6Address(host[1:-1])
@@ -243,7 +247,8 @@ def valid_host(host: str) -> bool:
         except ValueError:
             return False
         return True
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+    label_rule = _RESOLVED_LABEL if resolved else _HOST_LABEL
+    return len(host) <= 253 and all(label_rule.fullmatch(label) for label in labels)
 
 
 def parse_port(port: int, what: str = "rendezvous port") -> int:
@@ -345,36 +350,44 @@ def check_checkpoint_dir(path: str) -> str:
     return check_path("--checkpoint-dir", path)
 
 
-# Kubernetes resource.Quantity: a number and a binary or decimal SI suffix, or a decimal exponent
-# (500e6, 1E3: "e"/"E" followed by digits; a bare trailing E is exa).
-_QUANTITY = re.compile(r"[0-9]{1,15}(\.[0-9]{1,9})?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]{1,2})?")
+# Kubernetes resource.Quantity (apimachinery's grammar): an optional sign, a number (5, 5.5, 5.,
+# .5), then a binary SI suffix (Ki..Ei), a decimal SI suffix (n, u, m, k, M, G, T, P, E; a bare
+# trailing E is exa) or a decimal exponent (500e6, 1E3, 1e-3). Resources cannot be negative.
+_QUANTITY = re.compile(r"([+-]?)([0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})"
+                       r"(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]{1,3})?")
 
 
 def parse_quantity(option: str, value: str | None) -> str | None:
+    """A Kubernetes quantity of at least 1m, canonical: no sign, the number as 0.5 / 5 (.5 and 5.
+    written out), the suffix as given (the API server reads both forms alike)."""
     if value is None:
         return None
-    if not _QUANTITY.fullmatch(value):
+    match = _QUANTITY.fullmatch(value)
+    if not match:
         raise SpecError(f"{option} {value!r}: expected a Kubernetes quantity such as 64, 500m, 512Gi")
-    if not re.search(r"[1-9]", re.sub(r"[eE][+-]?[0-9]+$", "", value).rstrip("mkMGTPEi")):
+    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
+    number = ("0" + number if number.startswith(".") else number).rstrip(".")
+    canonical = number + suffix
+    if sign == "-" or not re.search(r"[1-9]", number):
         raise SpecError(f"{option} {value!r}: must be more than zero")
-    base = quantity_value(value)
+    base = quantity_value(canonical)
     if base > _QUANTITY_MAX:
         raise SpecError(f"{option} {value!r}: larger than Kubernetes accepts (2^63-1 in the base unit)")
     if base != base.quantize(Decimal("0.001"), rounding=ROUND_DOWN):
         raise SpecError(f"{option} {value!r}: finer than Kubernetes' precision of 1m (0.001)")
-    return value
+    return canonical
 
 
 _QUANTITY_MAX = Decimal(2**63 - 1)
-_SUFFIX = {"m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
-           "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+_SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3),
+           "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
            **{s: Decimal(2 ** (10 * (i + 1))) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}}
 
 
 def quantity_value(value: str) -> Decimal:
-    """A quantity ``parse_quantity`` accepted, in its base unit (cores, bytes), exactly."""
+    """A quantity ``parse_quantity`` returned, in its base unit (cores, bytes), exactly."""
     with localcontext() as ctx:
-        ctx.prec = 80  # exact: at most 24 digits times 2^60, 10^18 or 10^99
+        ctx.prec = 80  # exact: at most 37 digits times 2^60, 10^18 or 10^999
         exponent = re.fullmatch(r"([0-9.]+)[eE]([+-]?[0-9]+)", value)
         if exponent:
             return Decimal(exponent.group(1)) * Decimal(10) ** int(exponent.group(2))

@@ -17,3 +17,13 @@ def test_every_linked_result_file_exists():
     readme = (ROOT / "README.md").read_text()
     for link in re.findall(r"\]\(((?:docs|scripts|docker|k8s)/[^)#]+)\)", readme):
         assert (ROOT / link).exists(), link
+
+
+def test_the_presets_the_readme_lists_are_the_preset_files():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    listed = re.search(r"`--config` takes a preset \(([^)]*)\)", readme)
+    assert listed, "the README's list of --config presets moved"
+    names = set(re.findall(r"`([^`]+)`", listed.group(1).split(":")[0]))
+    assert names == {p.stem for p in (ROOT / "train" / "configs").glob("*.yaml")}

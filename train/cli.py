@@ -173,7 +173,7 @@ def run_cmd(ctx, config_path, steps, out_dir, resume, overwrite, allow_config_ch
     finally:
         lock.release()
     if is_rank0:
-        _print_summary(summary, out_dir)
+        _print_summary(summary, out_dir, job.train.steps)
 
 
 def _checked_job(config_path: str, extra: list[str], out_dir: str, world_sizes: list[int] | None):
@@ -206,7 +206,11 @@ def _checked_job(config_path: str, extra: list[str], out_dir: str, world_sizes: 
     return job, checked_out
 
 
-def _print_summary(s, out_dir: Path) -> None:
+def _print_summary(s, out_dir: Path, steps: int) -> None:
+    if s.steps_run == 0 and not s.preempted and s.start_step >= steps:  # resumed at or past train.steps
+        click.echo(f"\nnothing to train: the run is at step {s.start_step} and train.steps is {steps}; raise --steps "
+                   f"to continue (checkpoint {s.checkpoint or 'none'})")
+        return
     lines = [
         "",
         "=== summary ===",

@@ -127,10 +127,10 @@ def parse_secret_env(values, allow_undocumented_nccl: bool = False) -> tuple[Sec
     """Same gates as --env: valid, unique, documented NCCL names; never the NVLS switches."""
     out = []
     for item in values:
-        match = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=([^:]+):([-._A-Za-z0-9]+)", item)
+        match = re.fullmatch(r"([^=]+)=([^:]+):([-._A-Za-z0-9]+)", item)
         if not match:
             raise SpecError(f"--env-secret {item!r}: expected NAME=SECRET:KEY")
-        name = check_env_name("--env-secret", match.group(1), allow_undocumented_nccl)
+        name = check_env_name("--env-secret", match.group(1), allow_undocumented_nccl, k8s=True)
         if name in NEVER_FROM_SECRET:
             raise SpecError(f"--env-secret {name}: refused; launch sets it itself or not at all (NVLink "
                             "multicast stays off) and a Secret's value cannot be checked")

@@ -3,6 +3,7 @@ virtual environment, or inside the image with pyxis/enroot), rendezvous on the f
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
@@ -26,7 +27,7 @@ from launch.commandline import out_warnings
 from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.images import registry_host
 from launch.render import Quoted, Shell, render
-from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token
+from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
 SLURM_OWNED = Owned(
@@ -146,18 +147,23 @@ _SLURM_SIZES = (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10))
 
 def slurm_memory(quantity: str) -> str:
     """--memory as sbatch --mem, in the unit the user wrote: 512G and 512Gi are --mem=512G (sbatch's
-    K/M/G/T are binary units, sbatch(1)); 0 is --mem=0, all of each node's memory. A fraction or a
-    unit sbatch lacks (P, E, a bare byte count) goes to the largest whole binary unit, rounded up."""
+    K/M/G/T are binary units, sbatch(1)); 0 is --mem=0, all of each node's memory. Anything else (a
+    fraction, a decimal exponent, a bare byte count, a unit sbatch lacks: P, E) is its bytes in the
+    largest whole binary unit, rounded up to whole MiB; sbatch's letters are binary, so 500M is
+    read as sbatch reads it, 500 MiB. A quantity below a byte (n, u, m) is refused."""
     if quantity == "0":
         return "0"
-    if quantity.endswith("m"):
+    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity)
+    unit = match.group(2) if match else ""
+    if unit in ("n", "u", "m"):
         raise SpecError(f"--memory {quantity!r}: Slurm needs bytes, e.g. 512G, 512Gi, 500Mi or 0 (all of the node's)")
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()
-    if unit in _SLURM_UNIT and "." not in number:
-        return f"{int(number)}{_SLURM_UNIT[unit]}"
-    # a fraction, a bare byte count, P or E: bytes, the letters read as sbatch reads them (binary)
-    scale = 1 if not unit else 2 ** (10 * ("KMGTPE".index(unit[0].upper()) + 1))
-    value = -(-Decimal(number) * scale // 1)
+    if match and unit in _SLURM_UNIT and "." not in match.group(1):
+        return f"{int(match.group(1))}{_SLURM_UNIT[unit]}"
+    if match and unit:  # a fraction of a unit, or P / E: the letter read as sbatch reads it (binary)
+        value = Decimal(match.group(1)) * 2 ** (10 * ("KMGTPE".index(unit[0].upper()) + 1))
+    else:  # a bare byte count or a decimal exponent: bytes
+        value = quantity_value(quantity)
+    value = math.ceil(value)  # an int: Decimal's // truncates towards zero
     for suffix, size in _SLURM_SIZES:
         if value >= size and value % size == 0:
             return f"{value // size}{suffix}"

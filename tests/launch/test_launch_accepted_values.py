@@ -1,5 +1,6 @@
 """Each option takes what the tool it reaches takes (docs/launch.md, "Accepted values"): valid
-values reach the render byte for byte, invalid ones are one line and exit 2."""
+values reach the render byte for byte (Kubernetes quantities in their canonical form: .5 as 0.5,
+no + sign), invalid ones are one line and exit 2."""
 
 from __future__ import annotations
 
@@ -19,12 +20,32 @@ VALID = [
     (["k8s", "--shm-size"], "1E", 'sizeLimit: "1E"'),
     (["slurm", "--time"], "2-12:00:00", "#SBATCH --time=2-12:00:00"),
     (["slurm", "--memory"], "0", "#SBATCH --mem=0"),
+    # apimachinery's quantity grammar: a sign, .5 and 5. numbers, n / u suffixes
+    (["k8s", "--cpus"], ".5", '"cpu": "0.5"'),
+    (["k8s", "--cpus"], "+4", '"cpu": "4"'),
+    (["k8s", "--cpus"], "500000u", '"cpu": "500000u"'),
+    (["k8s", "--cpus"], "1000000000n", '"cpu": "1000000000n"'),
+    (["k8s", "--memory"], "1.Gi", '"memory": "1Gi"'),
+    (["slurm", "--memory"], "1e3", "#SBATCH --mem=1M"),  # 1000 bytes, rounded up to whole MiB
+    (["slurm", "--memory"], "129e6", "#SBATCH --mem=124M"),
+    (["slurm", "--cpus"], "+8", "#SBATCH --cpus-per-task=8"),
+    # Kubernetes' variable names take '.' and '-' (no shell between the pod's env and torchrun)
+    (["k8s", "--env"], "A.B=1", '- name: "A.B"'),
+    (["k8s", "--env"], "my-var=1", '- name: "my-var"'),
+    (["k8s", "--env-secret"], "my.token=hf-secret:token", '- name: "my.token"'),
+    (["k8s", "--api", "pytorchjob", "--env"], "my-var=1", '- name: "my-var"'),
+    # resolvers (glibc, docker's DNS) answer names with '_', as the script's run-time override does
+    (["torchrun", "--nnodes", "2", "--rdzv-endpoint"], "node_1:29500", "rdzv_endpoint=node_1:29500"),
 ]
 INVALID = [
     (["slurm", "--name"], "a b"), (["docker", "--name"], "-x"), (["k8s", "--name"], "llama.8b_run1"),
     (["docker", "--mount"], "/d:/d:ro,rw"), (["docker", "--mount"], "/d:/d:z,Z"), (["docker", "--mount"], "/d:/d:q"),
     (["slurm", "--pyxis", "--mount"], "/d:/d:z"), (["k8s", "--memory"], "500e"), (["k8s", "--cpus"], "1e999"),
     (["slurm", "--time"], "1:2:3:4"), (["k8s", "--memory"], "0"),
+    (["k8s", "--cpus"], "-1"), (["k8s", "--cpus"], "1n"), (["k8s", "--cpus"], "."), (["slurm", "--memory"], "5m"),
+    (["torchrun", "--env"], "my-var=1"), (["slurm", "--env"], "A.B=1"), (["k8s", "--env"], "1a=1"),
+    (["k8s", "--env"], "..a=1"), (["torchrun", "--nnodes", "2", "--rdzv-endpoint"], "node 1:29500"),
+    (["docker", "--registry"], "my_registry.io"),
 ]
 
 

@@ -115,3 +115,17 @@ def test_checkpoint_dir_ownership(sandbox):
     assert proc.returncode == 0, proc.stderr
     assert "belongs to 4242:4343" in proc.stderr
     assert {"--user=4242:4343", "--env=HOME=/tmp"} <= set(read_record(record, ".docker")["opts"])
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("LAUNCH_IMAGE_USER", "abc"), ("LAUNCH_IMAGE_USER", "1000"), ("LAUNCH_IMAGE_USER", "0:0;id"),
+    ("LAUNCH_ROOTLESS", "true"), ("LAUNCH_ROOTLESS", "2"),
+    ("LAUNCH_CONTAINER_NAME", "a b"), ("LAUNCH_CONTAINER_NAME", "-x"),
+])
+def test_a_bad_override_is_one_line_before_anything_is_created(sandbox, name, value):
+    """A typo in an override stops the script with one line, exit 2, and no checkpoint
+    directory: one created and chowned by a failed run would decide the next run's user."""
+    tmp, _, record, env = sandbox
+    proc = _run(_script(tmp, "--profile", "h100"), {**env, name: value})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and f"{name}=" in proc.stderr, proc.stderr
+    assert not (tmp / "ckpt").exists() and not record.exists()

@@ -1,5 +1,5 @@
-"""One image name from `make build-image` / `make push` to every render, and no short name
-that a cluster's nodes cannot pull."""
+"""One image name from `make build-image` / `make push` to every render, and never this project's
+image under the short name a cluster's nodes cannot pull; other short names are Docker Hub's."""
 
 from __future__ import annotations
 
@@ -54,11 +54,24 @@ def test_the_environments_registry_is_makes_and_is_recorded():
 
 
 @pytest.mark.parametrize("argv", [["k8s"], ["k8s-runtime"], ["k8s", "--api", "pytorchjob"], ["slurm", "--pyxis"],
-                                  ["k8s", "--image", "hopper-train:hopper"], ["slurm", "--pyxis", "--image", "ubuntu"]])
+                                  ["k8s", "--image", "hopper-train:hopper"],
+                                  ["slurm", "--pyxis", "--image", "hopper-train@sha256:" + "a" * 64]])
 def test_a_short_name_on_a_cluster_is_one_line_naming_the_option(argv):
     rc, out, err = run_inproc([*argv, "--profile", "h100"], env={"REGISTRY": ""})
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "--image-preloaded" in err and "--registry" in err, err
+
+
+@pytest.mark.parametrize(("argv", "hub"), [
+    (["k8s", "--image", "ubuntu:22.04"], "docker.io/library/ubuntu:22.04"),
+    (["k8s", "--image", "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"], "docker.io/pytorch/pytorch:2.5.1"),
+    (["slurm", "--pyxis", "--image", "centos"], "docker.io/library/centos"),
+])
+def test_another_short_name_is_docker_hubs_with_a_warning(argv, hub):
+    """Kubernetes (its Images page) and enroot read a name without a registry as Docker Hub's."""
+    rc, out, err = run_inproc([*argv, "--profile", "h100"], env={"REGISTRY": ""})
+    assert rc == 0 and argv[-1] in out, err
+    assert len(err.strip().splitlines()) == 1 and "Docker Hub" in err and hub in err, err
 
 
 def test_preloaded_short_name_is_never_pulled(monkeypatch):
@@ -75,6 +88,9 @@ def test_preloaded_short_name_is_never_pulled(monkeypatch):
     ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
     ("user@nvcr.io#nvidia/pytorch", "user@nvcr.io#nvidia/pytorch"),
     ("/lustre/images/hopper.sqsh", "/lustre/images/hopper.sqsh"),
+    ("/lustre/images/hopper.squashfs", "/lustre/images/hopper.squashfs"),  # pyxis: any file
+    ("./hopper.sqsh", "./hopper.sqsh"),  # relative to the job's directory (pyxis' own tests)
+    ("../images/hopper.sqsh", "../images/hopper.sqsh"),
 ])
 def test_pyxis_gets_enroots_registry_form(image, enroot):
     text = render(["slurm", "--pyxis", "--image", image])

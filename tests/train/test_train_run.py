@@ -63,3 +63,17 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_checkpoint(tmp_path):
     latest = (out / "checkpoints" / "latest").read_text().strip()
     params = load_dcp(out / "checkpoints" / latest, "model.")
     assert all(torch.isfinite(t).all() for t in params.values())
+
+
+def test_a_resume_with_nothing_left_to_train_says_so(capsys, tmp_path):
+    """A resumed run already at or past train.steps (a requeued finished job, or a smaller
+    --steps): exit 0 with one line that says so, not a summary of NaN losses."""
+    from train.cli import _print_summary
+    from train.trainer import Summary
+
+    _print_summary(Summary(start_step=40, final_step=40, checkpoint="r/checkpoints/step_00000040"), tmp_path, 10)
+    out = capsys.readouterr().out.strip()
+    assert out == ("nothing to train: the run is at step 40 and train.steps is 10; raise --steps to continue "
+                   "(checkpoint r/checkpoints/step_00000040)")
+    _print_summary(Summary(start_step=0, final_step=2, steps_run=2, first_loss=5.0, last_loss=4.0), tmp_path, 2)
+    assert "=== summary ===" in capsys.readouterr().out

@@ -35,6 +35,19 @@ rdma_fabric=0
 note() { printf 'launch-docker: %s\n' "$*" >&2; }
 die() { printf 'launch-docker: error: %s\n' "$*" >&2; exit 2; }
 
+# ---- the run-time overrides, checked before anything is created ----
+if ! [[ "$image_user" =~ ^[0-9]+:[0-9]+$ ]]; then
+  die "LAUNCH_IMAGE_USER=$(printf %q "$image_user"): expected UID:GID in numbers, e.g. 1000:1000"
+fi
+# (the rendered name was checked when this script was rendered)
+if [[ -n "${LAUNCH_CONTAINER_NAME:-}" && ! "$LAUNCH_CONTAINER_NAME" =~ ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$ ]]; then
+  die "LAUNCH_CONTAINER_NAME=$(printf %q "$LAUNCH_CONTAINER_NAME"): a container name is [a-zA-Z0-9][a-zA-Z0-9_.-]*"
+fi
+case "${LAUNCH_ROOTLESS:-}" in
+  "" | 0 | 1) ;;
+  *) die "LAUNCH_ROOTLESS=$(printf %q "$LAUNCH_ROOTLESS"): expected 0 or 1 (unset: asked from the engine)" ;;
+esac
+
 # ---- environment (torch, profile generic, fabric pcie, options) ----
 docker_env=(
   # TORCH_NCCL_ASYNC_ERROR_HANDLING: on an NCCL error or collective timeout the watchdog tears the process down (3: without aborting the communicator, the current torch default) so the launcher restarts from the last checkpoint; set explicitly so older images behave the same
