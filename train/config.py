@@ -10,6 +10,7 @@ dotted key, before any process group or tensor exists.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import stat
 import types
 import typing
@@ -61,9 +62,12 @@ class DataConfig:
             raise ConfigError("data.path: required when data.source=file")
         if self.embedded_mb <= 0:
             raise ConfigError(f"data.embedded_mb: must be > 0, got {self.embedded_mb}")
-        from core.safety import reserved_local_path
+        from core.safety import resolved, system_directory, within
 
-        if self.cache_dir and reserved_local_path(self.cache_dir):
+        # one cache file is written there: /tmp itself and the memory file systems (/dev/shm,
+        # /run/user/UID) are fine places; /etc, /usr, /proc... are not
+        if self.cache_dir and system_directory(self.cache_dir) \
+                and not within(resolved(self.cache_dir), ("/dev/shm", "/run/user")):
             raise ConfigError(f"data.cache_dir: {excerpt(self.cache_dir)} is a system directory")
 
 
@@ -325,6 +329,16 @@ def _apply_model_preset(cfg: JobConfig, model_section: dict[str, Any]) -> None:
     cfg.model = dataclasses.replace(PRESETS[name])
 
 
+def _field_type(key: str) -> Any:
+    """The declared type of the job's field at the dotted ``key`` (None where there is none)."""
+    tp: Any = JobConfig
+    for part in key.split("."):
+        if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+            return None
+        tp = typing.get_type_hints(tp).get(part)
+    return tp
+
+
 def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
     """``["a.b=3", "c=x"]`` -> nested dict with YAML-typed values."""
     out: dict[str, Any] = {}
@@ -339,6 +353,8 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
             value = load_yaml_text(raw, f"--set {key}") if raw.strip() else ""
         except YamlSyntaxError:  # not YAML, or a number YAML 1.1 would misread (10:12 as 612): the plain string
             value = raw.strip()
+        if isinstance(value, (bool, int, float, datetime.date)) and _field_type(key) is str:
+            value = raw.strip()  # a text field: 12345678 (a sha256 prefix), 2024.10, 2026-01-01 as typed
         node = out
         parts = key.split(".")
         for part in parts[:-1]:

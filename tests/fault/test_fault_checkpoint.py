@@ -123,6 +123,21 @@ def test_every_checkpoint_bad_is_an_error_not_a_fresh_start(three_checkpoints):
         mgr.load_latest(m, opt)
 
 
+def test_checkpoints_removed_under_their_pointer_is_an_error_not_a_fresh_start(three_checkpoints):
+    """`latest` says a checkpoint was committed here; with every step directory gone a resume
+    stops (nothing changed) instead of training from step 0 over the run's metrics."""
+    import shutil
+
+    mgr, _ = three_checkpoints
+    for step in (2, 4, 6):
+        shutil.rmtree(mgr.root / f"step_{step:08d}")
+    m, opt = trained_tiny_llama(99)
+    with pytest.raises(CheckpointError, match="names 'step_00000006', but no complete checkpoint"):
+        mgr.load_latest(m, opt)
+    (mgr.root / "latest").unlink()  # the way out the message names: a fresh start
+    assert mgr.load_latest(m, opt) is None
+
+
 def test_rng_state_round_trips_through_weights_only_load(tmp_path):
     import random
 

@@ -121,3 +121,29 @@ def test_cli_world_size_mismatch_rejected_before_process_group(tmp_path):
                      "--set", "parallel.dp_shard=4", "--set", "parallel.dp_replicate=1"],
                     extra_env={"WORLD_SIZE": "2", "RANK": "0"})
     assert res.returncode == 2 and "does not match world size 2" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("where", ["/tmp", "/tmp/corpus-cache", "/dev/shm/cache", "/run/user/1000", "/var/tmp/x"])
+def test_a_cache_dir_in_scratch_space_is_accepted(where):
+    """One cache file goes there: /tmp and the memory file systems are ordinary places for it."""
+    assert load_config("tiny", [f"data.cache_dir={where}"]).data.cache_dir == where
+
+
+@pytest.mark.parametrize("where", ["/", "/etc", "/usr/lib/x", "/proc/self", "/dev", "/sys/x"])
+def test_a_cache_dir_in_a_system_directory_is_refused(where):
+    with pytest.raises(ConfigError, match="data.cache_dir: .* is a system directory"):
+        load_config("tiny", [f"data.cache_dir={where}"])
+
+
+@pytest.mark.parametrize(("item", "key", "text"), [
+    ("data.tokenizer=12345678", "tokenizer", "12345678"),  # a sha256 prefix of digits only
+    ("data.path=2024.10", "path", "2024.10"),  # not the float 2024.1
+    ("data.cache_dir=2024", "cache_dir", "2024"),
+    ("data.tokenizer=yes", "tokenizer", "yes"),
+])
+def test_a_text_field_set_from_the_command_line_keeps_the_text_as_typed(item, key, text):
+    """--set gives a text field what was typed, where YAML would read a number, a date or a
+    boolean; number fields still get numbers."""
+    job = load_config("tiny", [item, "train.steps=12"])
+    assert getattr(job.data, key) == text and job.train.steps == 12
+    assert load_config("tiny", ["metrics.wandb_project=2026-01-01"]).metrics.wandb_project == "2026-01-01"

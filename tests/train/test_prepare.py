@@ -124,6 +124,26 @@ def test_shards_and_resume_reuse_finished_units(corpus, tmp_path, caplog):
         prep.CHUNK_BYTES = chunk
 
 
+def test_inputs_changed_since_are_refused_not_taken_as_done(corpus, tmp_path):
+    """Same paths, same tokenizer, but a file edited or added since: the token file is stale.
+    It is never overwritten, and never reported as already prepared."""
+    d, docs, _ = corpus
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.txt").write_text(docs[i])
+    out = tmp_path / "o.bin"
+    first = prep.prepare([str(src)], out, str(d / "tok"), workers=1, progress=False)
+    again = prep.prepare([str(src)], out, str(d / "tok"), workers=1, progress=False)
+    assert again.units == 0 and again.num_tokens == first.num_tokens
+    kept = out.read_bytes()
+    for change in (lambda: (src / "0.txt").write_text(docs[0] + "\nmore"), lambda: (src / "3.txt").write_text(docs[3])):
+        change()
+        with pytest.raises(prep.PrepareError, match="they changed since"):
+            prep.prepare([str(src)], out, str(d / "tok"), workers=1, progress=False)
+        assert out.read_bytes() == kept
+
+
 def _one_error(res) -> str:
     assert res.returncode == 2, res.stderr[-2000:]
     return one_error_line(res.stderr)

@@ -134,6 +134,7 @@ class CheckpointManager:
         self.last_write_s = 0.0  # async: staging to commit of the last background write
         self._pending: _Pending | None = None
         self.rejected: list[tuple[str, str]] = []  # step dirs that failed verification (candidates)
+        self.pointer: str | None = None  # what the latest pointer names (candidates)
         self.extra_path: Path | None = None  # the per-rank file the last load read
         self._stager = None
         self._async_group = None
@@ -179,9 +180,9 @@ class CheckpointManager:
             rejected: list[tuple[str, str]] = []
             found = self.complete_checkpoints(warn=True, rejected=rejected)
             self._check_pointer(found)
-            decision = ([p.name for p in found], rejected)
+            decision = ([p.name for p in found], rejected, read_pointer(self.root)[0])
         with tdist.collective("broadcast (checkpoint choice from rank 0)"):
-            names, self.rejected = tdist.broadcast_object(self.info, decision)
+            names, self.rejected, self.pointer = tdist.broadcast_object(self.info, decision)
         return [self.root / n for n in names]
 
     def _check_pointer(self, found: list[Path]) -> None:
@@ -442,6 +443,10 @@ class CheckpointManager:
                                   f"director{'y fails' if len(self.rejected) == 1 else 'ies fail'} verification "
                                   f"({self.unusable()}); nothing was changed: repair them, or move them away "
                                   "to start from scratch")
+        if self.pointer:  # a checkpoint was committed here once and is gone: never a silent fresh start
+            raise CheckpointError(f"{self.root / 'latest'} names {self.pointer!r}, but no complete checkpoint is in "
+                                  f"{self.root} (removed?); nothing was changed: restore them, or remove "
+                                  f"{self.root / 'latest'} to start from scratch")
         return None
 
     @staticmethod

@@ -4,6 +4,7 @@ the rest over worker processes, merge the parts in plan order into OUT and write
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -90,10 +91,11 @@ def _prepare(inputs: list[str], out: Path, tokenizer: str, *, workers, text_fiel
     dtype = "uint16" if spec.vocab_size <= 65536 else "uint32"
     itemsize = np.dtype(dtype).itemsize
     sources = sorted(inputs)
-    previous = _already_prepared(out, spec.sha256, sources, itemsize)
+    units = plan_units(inputs, split, online, CHUNK_BYTES, ARROW_ROWS)
+    inputs_sha256 = _fingerprint(units)
+    previous = _already_prepared(out, spec.sha256, sources, itemsize, inputs_sha256)
     if previous is not None:
         return previous
-    units = plan_units(inputs, split, online, CHUNK_BYTES, ARROW_ROWS)
     if not units:
         raise PrepareError("no input documents found")
     parts = out.with_name(out.name + ".parts")
@@ -124,7 +126,7 @@ def _prepare(inputs: list[str], out: Path, tokenizer: str, *, workers, text_fiel
     _write_meta(out.with_suffix(".json"), {
         "format": FORMAT, "dtype": dtype, "vocab_size": spec.vocab_size, "num_tokens": num_tokens,
         "documents": documents, "eos_id": spec.eos_id, "tokenizer": {"name": spec.name, "sha256": spec.sha256},
-        "sources": sources, "text_field": text_field})
+        "sources": sources, "inputs_sha256": inputs_sha256, "text_field": text_field})
     if not keep_parts and not _shards_running(out):
         shutil.rmtree(parts, ignore_errors=True)
     return Result(out, num_tokens, documents, len(units), len(done), time.perf_counter() - t0, True)
@@ -165,17 +167,37 @@ def _check_out(out: Path) -> None:
         raise PrepareError(str(exc)) from None
 
 
-def _already_prepared(out: Path, sha256: str, sources: list[str], itemsize: int) -> Result | None:
-    """A finished OUT from the same inputs and tokenizer: nothing to do. Any other OUT (or
-    OUT.json) is refused: it is never overwritten."""
+def _fingerprint(units) -> str:
+    """The inputs as the preparation reads them: every unit (file, byte range / row group) and
+    each file's size and modification time, so an edited or added file is a different input."""
+    stamps = {}
+    for u in units:
+        if u.path not in stamps:
+            try:
+                st = os.stat(u.path)
+                stamps[u.path] = [st.st_size, st.st_mtime_ns]
+            except OSError:  # not a local file (a Hub dataset): its units say what it is
+                stamps[u.path] = None
+    text = json.dumps({"units": [asdict(u) for u in units], "files": stamps}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _already_prepared(out: Path, sha256: str, sources: list[str], itemsize: int, inputs_sha256: str) -> Result | None:
+    """A finished OUT from the same inputs (unchanged since) and tokenizer: nothing to do. Any
+    other OUT (or OUT.json) is refused: it is never overwritten."""
     meta_path = out.with_suffix(".json")
     if not (out.exists() or meta_path.exists()):
         return None
+    changed = False
     try:
         old = parse_json(meta_path.read_text())
         same = old.get("tokenizer", {}).get("sha256") == sha256 and old.get("sources") == sources
+        changed = same and old.get("inputs_sha256", inputs_sha256) != inputs_sha256
     except (OSError, ValueError, AttributeError):
         same = False
+    if changed:
+        raise PrepareError(f"--out {out}: was prepared from these inputs, but they changed since (a file edited, "
+                           "added or removed); choose another --out or remove it to prepare again")
     if same and out.is_file() and out.stat().st_size == int(old["num_tokens"]) * itemsize:
         log.info("%s is already prepared from these inputs with this tokenizer; nothing to do", out)
         return Result(out, int(old["num_tokens"]), int(old.get("documents", 0)), 0, 0, 0.0, True)
