@@ -39,7 +39,7 @@ def parse_image(value: str, enroot: bool = False) -> str:
     match = _OCI_REFERENCE.fullmatch(value)
     ok = match is not None and len(match.group("name")) <= 255
     if not ok and enroot:
-        ok = bool(_ENROOT_REFERENCE.fullmatch(value)) or _squashfs_file(value)
+        ok = bool(_ENROOT_REFERENCE.fullmatch(value))
     if ok:
         _check_registry(value)
     if not ok:

@@ -179,19 +179,20 @@ class CheckpointManager:
         if self.rank == 0:
             rejected: list[tuple[str, str]] = []
             found = self.complete_checkpoints(warn=True, rejected=rejected)
-            self._check_pointer(found)
-            decision = ([p.name for p in found], rejected, read_pointer(self.root)[0])
+            decision = ([p.name for p in found], rejected, self._check_pointer(found))
         with tdist.collective("broadcast (checkpoint choice from rank 0)"):
             names, self.rejected, self.pointer = tdist.broadcast_object(self.info, decision)
         return [self.root / n for n in names]
 
-    def _check_pointer(self, found: list[Path]) -> None:
+    def _check_pointer(self, found: list[Path]) -> str | None:
+        """Warn where ``latest`` is unreadable or names another directory than the newest complete
+        checkpoint; returns what it names."""
         named, problem = read_pointer(self.root)
         newest = found[0].name if found else "none"
         if problem:
             _warn(f"{self.root / 'latest'} {problem}; using the newest complete checkpoint ({newest})")
         if named is None or (found and named == found[0].name):
-            return
+            return named
         if not os.path.lexists(self.root / named):
             why = "which does not exist"
         elif named in {p.name for p in found}:
@@ -199,6 +200,7 @@ class CheckpointManager:
         else:
             why = "which is not a complete checkpoint"
         _warn(f"'latest' names {named!r}, {why}; using the newest complete one ({newest})")
+        return named
 
     def unusable(self) -> str:
         """The step directories that failed verification at the last :meth:`candidates`, for
