@@ -25,10 +25,10 @@ The rules (each one measured: docs/plan.md):
   so the peak stays that of AC on every block. With ``fp8.backend=te`` every block must be left
   out (torch's AC recomputes outside ``te.autocast``): where they do not fit, the run stops
   with :attr:`PlanResult.problem`.
-* FSDP2 without AC (or with every block left out of it) on several GPUs: for models of up to
-  :data:`COPY_ENGINE_RS_MAX_PARAMS` parameters the reduce-scatter on the copy engines too
-  (``fsdp_symm_mem=all``, where ``auto`` would take the copy-engine all-gather), and the
-  activation budget 0.999 on the first 3/8 of the blocks.
+* FSDP2 without AC (or with every block left out of it) on several GPUs: the reduce-scatter on
+  the copy engines too (``fsdp_symm_mem=all``, where ``auto`` would take the copy-engine
+  all-gather; the bf16 gradients travel as they are and are summed in fp32), and the activation
+  budget 0.999 on the first 3/8 of the blocks.
 * ``fp8.fsdp_float8_all_gather``: off with FSDP2 within one node (bf16 all-gather, cast inside
   the blocks); across nodes float8's half of the bytes stays.
 * ``parallel.recompute_param_casts``: on for a compiled run on one GPU (the blocks cast the fp32
@@ -93,11 +93,6 @@ MAX_LOSS_CHUNK_ONE_GPU = 4096
 # under torchtitan's for 0.3% of the step (2xH100, seven runs in three calls, 2026-11-26).
 BUDGET = 0.999
 BUDGET_BLOCK_FRACTION = 6 / 16
-# FSDP2's reduce-scatter on the copy engines too (fsdp_symm_mem=all: an all-to-all plus a local
-# sum) up to this many parameters: 1b +0.8% over the all-gather alone (2xH100); 8b bf16 -1.1%
-# (2xH100) and -0.9 / -1.0% (2xH200, two A/B pairs, 2026-11-28), where the local sums of the
-# fp32 gradients compete with the GEMMs.
-COPY_ENGINE_RS_MAX_PARAMS = 3_000_000_000
 # Async checkpoints stage the state in pinned host memory: only where the node's ranks' states
 # take at most this fraction of its memory.
 ASYNC_HOST_FRACTION = 0.5
@@ -226,8 +221,9 @@ def _fsdp_no_ac(inputs: PlanInputs, res: PlanResult) -> None:
     resharded after forward as FSDP2 does by default: keeping them gathered (``never``) gained
     speed but cost 1.1 GiB at 1b 4x2048 on 2 GPUs, more than torchtitan's peak."""
     cfg = inputs.model
-    small = (param_count(cfg) or 0) <= COPY_ENGINE_RS_MAX_PARAMS
-    if inputs.symm_auto == "all_gather" and small and _set(res, inputs, "parallel.fsdp_symm_mem", "all"):
+    # the reduce-scatter on the copy engines too (an all-to-all of the bf16 gradients, summed in
+    # fp32): 2xH200, against the all-gather alone, 8b +1.1% and 1b +3.8% (docs/plan.md)
+    if inputs.symm_auto == "all_gather" and _set(res, inputs, "parallel.fsdp_symm_mem", "all"):
         res.reasons.append("all-gather and reduce-scatter on the copy engines")
     budgeted = round(cfg.n_layers * BUDGET_BLOCK_FRACTION)
     if budgeted and _open(inputs, "parallel.activation_memory_budget_skip_last") \

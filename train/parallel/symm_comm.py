@@ -85,6 +85,20 @@ def _comm_bases():
     return AllGather, ReduceScatter
 
 
+class GradTransport:
+    """The dtype in which ``all``'s reduce-scatter carries the gradients: the unsharded gradients'
+    own (``param_dtype``, bf16 in bf16 training; None: the reduce dtype). FSDP2 accumulates the
+    gradients of unsynced micro-steps in the reduce dtype, so once gradient accumulation has begun
+    (:meth:`accumulating`, from the bundle's ``no_sync``) they travel in the reduce dtype for the
+    rest of the run: a bf16 buffer would round the accumulated sums."""
+
+    def __init__(self, grad_dtype: torch.dtype | None):
+        self.dtype = grad_dtype
+
+    def accumulating(self) -> None:
+        self.dtype = None
+
+
 class _SymmAlloc:
     """Staging buffers from the symmetric-memory pool of the NCCL backend."""
 
@@ -96,19 +110,21 @@ class _SymmAlloc:
 
 
 def reduce_scatter_by_all_to_all(output: torch.Tensor, input: torch.Tensor, group, op, scratch: torch.Tensor) -> None:
-    """``reduce_scatter_tensor(output, input, op)`` as an all-to-all into ``scratch`` (same size as
-    ``input``: row r then holds rank r's part of this rank's shard) and a local sum or mean of the
-    rows. NCCL runs an all-to-all between symmetric windows on the copy engines under the zero-CTA
-    policy, so only the short sum takes SMs; a sum of the same addends in the same precision as
-    NCCL's (bit for bit with 2 ranks, where the order cannot differ). ``op``: SUM or AVG; any other
-    (FSDP2's PREMUL_SUM for a custom divide factor) takes NCCL's reduce-scatter on the same buffers."""
+    """``reduce_scatter_tensor(output, input, op)`` as an all-to-all into ``scratch`` (same size and
+    dtype as ``input``: row r then holds rank r's part of this rank's shard) and a local sum or mean
+    of the rows in ``output``'s dtype. NCCL runs an all-to-all between symmetric windows on the copy
+    engines under the zero-CTA policy, so only the short sum takes SMs. ``input`` may be narrower than
+    ``output`` (bf16 gradients, an fp32 reduction): the rows travel in bf16 and are summed in fp32,
+    the same addends in the same precision as NCCL's fp32 reduce-scatter of their fp32 copies (bit for
+    bit with 2 ranks, where the order cannot differ). ``op``: SUM or AVG; any other (FSDP2's
+    PREMUL_SUM for a custom divide factor) takes NCCL's reduce-scatter in ``output``'s dtype."""
     if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-        dist.reduce_scatter_tensor(output, input, op=op, group=group)
+        dist.reduce_scatter_tensor(output, input.to(output.dtype), op=op, group=group)
         return
     dist.all_to_all_single(scratch, input, group=group)
     rows = scratch.view(group.size(), -1)
     reduce = torch.sum if op == dist.ReduceOp.SUM else torch.mean
-    reduce(rows, dim=0, out=output.view(-1))
+    reduce(rows, dim=0, dtype=output.dtype, out=output.view(-1))
 
 
 def _make_comms():
@@ -128,10 +144,15 @@ def _make_comms():
         """FSDP2 asks for the input, then the output (1/world of its size), then calls. The input and
         the all-to-all's scratch are symmetric windows; the output, which FSDP2 keeps as the sharded
         gradient, comes from the default allocator: in the pool it would hold memory that the rest
-        of the step cannot reuse (8b on 2xH100 ran out of memory so)."""
+        of the step cannot reuse (8b on 2xH100 ran out of memory so).
 
-        def __init__(self, world: int):
-            self._world, self._input_numel = world, None
+        ``transport``: the gradients' dtype (:class:`GradTransport`). Where it is narrower than the
+        reduce dtype (bf16 gradients, fp32 reduction), the input buffer is allocated in it: FSDP2's
+        copy-in then copies the gradients without a cast, the all-to-all moves half the bytes, and
+        the sum is done in the reduce dtype into the output."""
+
+        def __init__(self, world: int, transport: GradTransport | None = None):
+            self._world, self._input_numel, self._transport = world, None, transport
 
         def allocate(self, size, *, dtype, device):
             numel = math.prod(int(s) for s in size)
@@ -139,6 +160,9 @@ def _make_comms():
                 self._input_numel = None
                 return torch.empty(size, dtype=dtype, device=device)
             self._input_numel = numel
+            narrow = self._transport.dtype if self._transport is not None else None
+            if narrow is not None and narrow.is_floating_point and narrow.itemsize < dtype.itemsize:
+                dtype = narrow
             return super().allocate(size, dtype=dtype, device=device)
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
@@ -159,10 +183,12 @@ def _why_not(device_type: str, group, native: bool) -> str | None:
     return None
 
 
-def apply_symm_mem(units: list, job, device_type: str, group) -> bool:
+def apply_symm_mem(units: list, job, device_type: str, group, transport: GradTransport | None = None) -> bool:
     """Put the FSDP2 units' collectives (``units`` in forward order) on symmetric-memory buffers
-    (:func:`resolved_mode`: all_gather | all). Returns whether it was applied; else the default
-    collectives stay (one warning where the setting asked for it, silently under ``auto``)."""
+    (:func:`resolved_mode`: all_gather | all). ``transport``: the dtype in which ``all``'s
+    reduce-scatter carries the gradients (it sums in the reduce dtype). Returns whether it
+    was applied; else the default collectives stay (one warning where the setting asked for it,
+    silently under ``auto``)."""
     mode = resolved_mode(job, device_type)
     if mode == "none" or not units or group.size() < 2:
         return False
@@ -184,13 +210,11 @@ def apply_symm_mem(units: list, job, device_type: str, group) -> bool:
             return False
     dist.barrier(group=group)  # the communicator exists before the first rendezvous
     comms = None if native else _make_comms()
-    for i, unit in enumerate(units):
+    for unit in units:
         if native:
             unit.set_symm_mem_for_comm("NCCL")
             continue
         unit.set_custom_all_gather(comms[0]())
-        # units[0] (first in forward) reduce-scatters last in backward, with no compute left to
-        # overlap: NCCL's kernels, faster than copy engines, end the step sooner there
-        if mode == "all" and i > 0:
-            unit.set_custom_reduce_scatter(comms[1](group.size()))
+        if mode == "all":
+            unit.set_custom_reduce_scatter(comms[1](group.size(), transport))
     return True
