@@ -83,6 +83,10 @@ def _all_to_all_reduce_scatter(rank, world, result_file):
             got = torch.empty(inp.numel() // world, dtype=dtype)
             symm_comm.reduce_scatter_by_all_to_all(got, inp, group, op, torch.empty_like(inp))
             out[(str(dtype), str(op), rank)] = (got, want.to(dtype))
+            if dtype == torch.bfloat16:  # bf16 rows summed into an fp32 output: the fp32 sums of their fp32 copies
+                wide = torch.empty(inp.numel() // world, dtype=torch.float32)
+                symm_comm.reduce_scatter_by_all_to_all(wide, inp, group, op, torch.empty_like(inp))
+                out[("bf16->fp32", str(op), rank)] = (wide, want)
     gathered = [None] * world
     dist.all_gather_object(gathered, out)
     if rank == 0:
@@ -98,12 +102,12 @@ def test_reduce_scatter_by_all_to_all_is_a_reduce_scatter(tmp_path, world):
     from testlib import rank0_result
 
     results = rank0_result(_all_to_all_reduce_scatter, tmp_path, world)
-    assert len(results) == 2 * 2 * world
+    assert len(results) == 3 * 2 * world
     for (dtype, op, rank), (got, want) in results.items():
         if world == 2:
             assert torch.equal(got, want), (dtype, op, rank)
         else:
-            torch.testing.assert_close(got, want, rtol=1e-5 if "float32" in dtype else 1e-2, atol=1e-5)
+            torch.testing.assert_close(got, want, rtol=1e-2 if dtype == "torch.bfloat16" else 1e-5, atol=1e-5)
 
 
 def _fsdp_grads(rank, world, result_file):
@@ -149,3 +153,63 @@ def test_fsdp2_trains_the_same_with_the_all_to_all_reduce_scatter(tmp_path):
     from testlib import rank0_result
 
     assert rank0_result(_fsdp_grads, tmp_path, 2) == [True, True]
+
+
+def _fsdp_bf16_grads(rank, world, result_file):
+    """FSDP2 on gloo with bf16 parameters and an fp32 reduction: FSDP2's own reduce-scatter against
+    the trainer's all-to-all one (``AllToAllReduceScatter``, the symmetric one's plain-buffer base)
+    carrying the bf16 gradients, one step without and one with gradient accumulation (the bundle's
+    ``no_sync``): the sharded gradients, and the dtype each all-to-all carried."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from train.parallel.fsdp import _no_sync
+
+    _, _, base = symm_comm._make_comms()
+    carried = []
+
+    class Recording(base):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            carried.append((str(input_tensor.dtype), str(output_tensor.dtype)))
+            super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    grads = {}
+    for custom in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+        transport = symm_comm.GradTransport(torch.bfloat16)
+        for layer in model:
+            fully_shard(layer, mp_policy=policy)
+            if custom:
+                layer.set_custom_reduce_scatter(Recording(world, transport))
+        fully_shard(model, mp_policy=policy)
+        x = [torch.randn(4, 16, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(3)]
+        model(x[0]).square().mean().backward()  # one micro-step
+        grads[(custom, "single")] = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        with _no_sync(model, transport):  # two micro-steps, accumulated
+            model(x[1]).square().mean().backward()
+        model(x[2]).square().mean().backward()
+        grads[(custom, "accum")] = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
+    same = {k: all(torch.equal(grads[(False, k)][n], grads[(True, k)][n]) for n in grads[(False, k)])
+            for k in ("single", "accum")}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (same, carried))
+    if rank == 0:
+        torch.save(gathered, result_file)
+
+
+@pytest.mark.skipif(symm_comm._comm_bases() is None, reason="this torch has no FSDP2 custom-comm hooks (2.7 has none)")
+def test_the_all_to_all_reduce_scatter_carries_bf16_gradients_and_sums_them_in_fp32(tmp_path):
+    """bf16 training, fp32 reduction: the all-to-all carries the bf16 gradients (half of FSDP2's fp32
+    buffer) into fp32 sums, bit for bit FSDP2's own fp32 reduce-scatter with 2 ranks; once gradient
+    accumulation has begun (FSDP2 accumulates in fp32), it carries fp32, and the accumulated
+    gradients are bit for bit FSDP2's too."""
+    from testlib import rank0_result
+
+    for same, carried in rank0_result(_fsdp_bf16_grads, tmp_path, 2):
+        assert same == {"single": True, "accum": True}
+        assert carried[:3] == [("torch.bfloat16", "torch.float32")] * 3  # the first step, one per layer
+        assert set(carried[3:]) == {("torch.float32", "torch.float32")}, carried

@@ -128,31 +128,41 @@ def reduce_scatter_by_all_to_all(output: torch.Tensor, input: torch.Tensor, grou
 
 
 def _make_comms():
+    """(all-gather class, reduce-scatter class, the reduce-scatter's plain-buffer base) for FSDP2's
+    ``set_custom_*`` hooks, or None where this torch has none."""
     bases = _comm_bases()
     if bases is None:
         return None
     all_gather_base, reduce_scatter_base = bases
-    from torch.distributed import _symmetric_memory as symm_mem
 
     class SymmAllGather(_SymmAlloc, all_gather_base):
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            from torch.distributed import _symmetric_memory as symm_mem
+
             # in-place all-gather: the output buffer holds this rank's input, so only it is registered
             symm_mem.rendezvous(output_tensor, group=group.group_name)
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
 
-    class SymmReduceScatter(_SymmAlloc, reduce_scatter_base):
-        """FSDP2 asks for the input, then the output (1/world of its size), then calls. The input and
-        the all-to-all's scratch are symmetric windows; the output, which FSDP2 keeps as the sharded
-        gradient, comes from the default allocator: in the pool it would hold memory that the rest
-        of the step cannot reuse (8b on 2xH100 ran out of memory so).
+    class AllToAllReduceScatter(reduce_scatter_base):
+        """FSDP2's reduce-scatter as :func:`reduce_scatter_by_all_to_all`. FSDP2 asks for the input,
+        then the output (1/world of its size), then calls. The output, which FSDP2 keeps as the
+        sharded gradient, always comes from the default allocator.
 
         ``transport``: the gradients' dtype (:class:`GradTransport`). Where it is narrower than the
         reduce dtype (bf16 gradients, fp32 reduction), the input buffer is allocated in it: FSDP2's
         copy-in then copies the gradients without a cast, the all-to-all moves half the bytes, and
-        the sum is done in the reduce dtype into the output."""
+        the sum is done in the reduce dtype into the output. The buffers here are plain tensors;
+        :class:`SymmReduceScatter` takes them from symmetric memory."""
 
         def __init__(self, world: int, transport: GradTransport | None = None):
             self._world, self._input_numel, self._transport = world, None, transport
+
+        def _buffer(self, size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+            """A buffer the all-to-all reads or writes (the input, the scratch)."""
+            return torch.empty(size, dtype=dtype, device=device)
+
+        def _register(self, buf: torch.Tensor, group) -> None:
+            """Make ``buf`` usable by the all-to-all (nothing for plain buffers)."""
 
         def allocate(self, size, *, dtype, device):
             numel = math.prod(int(s) for s in size)
@@ -163,15 +173,28 @@ def _make_comms():
             narrow = self._transport.dtype if self._transport is not None else None
             if narrow is not None and narrow.is_floating_point and narrow.itemsize < dtype.itemsize:
                 dtype = narrow
-            return super().allocate(size, dtype=dtype, device=device)
+            return self._buffer(size, dtype, device)
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            scratch = super().allocate(input_tensor.shape, dtype=input_tensor.dtype, device=input_tensor.device)
+            scratch = self._buffer(input_tensor.shape, input_tensor.dtype, input_tensor.device)
             for buf in (input_tensor, scratch):
-                symm_mem.rendezvous(buf, group=group.group_name)
+                self._register(buf, group)
             reduce_scatter_by_all_to_all(output_tensor, input_tensor, group, op, scratch)
 
-    return SymmAllGather, SymmReduceScatter
+    class SymmReduceScatter(AllToAllReduceScatter):
+        """The input and the all-to-all's scratch are symmetric windows. The output stays in the
+        default allocator: in the pool it would hold memory that the rest of the step cannot reuse
+        (8b on 2xH100 ran out of memory so)."""
+
+        def _buffer(self, size, dtype, device):
+            return _SymmAlloc().allocate(size, dtype=dtype, device=device)
+
+        def _register(self, buf, group):
+            from torch.distributed import _symmetric_memory as symm_mem
+
+            symm_mem.rendezvous(buf, group=group.group_name)
+
+    return SymmAllGather, SymmReduceScatter, AllToAllReduceScatter
 
 
 def _why_not(device_type: str, group, native: bool) -> str | None:
