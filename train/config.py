@@ -292,7 +292,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str and isinstance(value, bool):
         hint = " (quote it: YAML reads an unquoted yes/no/on/off/true/false as a boolean)"
     elif tp is str and isinstance(value, (int, float)):  # null, a date, a list: no hint fits
-        hint = " (quote it: YAML reads an unquoted A:B such as 10:12 as a base-60 number)"
+        hint = (" (quote it: YAML reads unquoted digits as a number, which need not be the text written:"
+                " 2024.10 as 2024.1, 10:12 as 612)")
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {excerpt(value)}{hint}")
 
 

@@ -61,10 +61,12 @@ def _config_files(tmp: Path) -> dict[str, str]:
     (tmp / "long_rdma_fabric.yaml").write_text(infiniband.replace("name: rdma/ib", "name: rdma/" + "a" * 70))
     (tmp / "int_key.yaml").write_text("train:\n  1: 2\n")
     (tmp / "octal.yaml").write_text("train:\n  steps: 010\n")
+    (tmp / "number_text.yaml").write_text("data:\n  tokenizer: 2024.10\n")
     (tmp / "section_list.yaml").write_text("train: [steps, 2]\n")
     (tmp / "points.yaml").write_text("- {}\n" * 1001)  # 1001 one-point grids
     return {"etc_link": str(tmp / "etc_link"), **{name: str(tmp / f"{name}.yaml") for name in profiles},
             "int_key_yaml": str(tmp / "int_key.yaml"), "long_rdma_fabric": str(tmp / "long_rdma_fabric.yaml"), "octal_yaml": str(tmp / "octal.yaml"),
+            "number_text_yaml": str(tmp / "number_text.yaml"),
             "section_list_yaml": str(tmp / "section_list.yaml"),
             "points_yaml": str(tmp / "points.yaml"),
             "tmp": str(tmp), "dir": str(tmp / "adir"), "badtok_dir": str(tmp / "badtok"), "afile": str(tmp / "afile"),
