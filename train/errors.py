@@ -22,6 +22,11 @@ class RunDirBusy(ConfigError):
     """Another live run holds the run directory's lock."""
 
 
+class CheckpointModelMismatch(ConfigError):
+    """The checkpoint to resume holds another model than the job's (a tensor's shape, or a tensor
+    one side lacks): no older checkpoint of the run is tried in its place."""
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN/Inf (agreed across ranks); the run stops without saving it."""
 

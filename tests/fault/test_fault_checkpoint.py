@@ -307,3 +307,32 @@ def test_resume_from_per_rank_state_of_another_shape_is_one_line(tmp_path):
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert len(lines) == 1 and "step_00000002: its per-rank state (extra_rank0.pt) is not what this program writes" \
         in lines[0], res.stderr[-3000:]
+
+
+def test_a_checkpoint_of_another_model_stops_the_resume_without_an_older_one(tmp_path):
+    """`--resume --allow-config-change` with another model shape: the newest checkpoint does not
+    fit, and an older one that happens to fit (here: one of a dim-96 run) is not taken in its
+    place, which would silently drop the newer steps. One line, exit 2, nothing on disk changed."""
+    import hashlib
+
+    common = ["--set", "data.source=synthetic", "--set", "checkpoint.every=2", *SMALL]
+    other, run = tmp_path / "other", tmp_path / "run"
+    for out, dim, steps in ((other, 96, 2), (run, 64, 4)):
+        res = train_cli(["run", *common, "--set", f"model.dim={dim}", "--steps", str(steps), "--out", str(out)])
+        assert res.returncode == 0, res.stderr
+    shutil.rmtree(run / "checkpoints" / "step_00000002")
+    shutil.copytree(other / "checkpoints" / "step_00000002", run / "checkpoints" / "step_00000002")
+
+    def digest() -> dict:
+        return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(run.rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
+
+    before = digest()
+    res = train_cli(["run", *common, "--set", "model.dim=96", "--steps", "6", "--out", str(run), "--resume",
+                     "--allow-config-change"])
+    assert res.returncode == 2, res.stderr
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "step_00000004 holds another model than this run's" in err[0], res.stderr
+    assert "model.tok_embeddings.weight is [256, 64] there, [256, 96] here" in err[0]
+    assert "Traceback" not in res.stderr and "falling back" not in res.stderr
+    assert digest() == before

@@ -77,7 +77,7 @@ from train.checkpoint.files import (
     verify,
 )
 from train.checkpoint.state import ModelOptimizer
-from train.errors import CheckpointError
+from train.errors import CheckpointError, CheckpointModelMismatch
 
 _ASYNC_SAVE_PARAMS = set(inspect.signature(dcp.async_save).parameters)
 # DCP warns at every save and load of a run without a process group (one process) that it
@@ -118,6 +118,26 @@ def _warn(msg: str) -> None:
 
 
 # ----------------------------------------------------------------------------- verification
+
+
+def model_mismatch(metadata, model_sd: dict[str, Any]) -> str | None:
+    """How the model tensors recorded in a checkpoint's DCP ``metadata`` differ from ``model_sd``
+    (the model's state dict as saved: ``get_state_dict`` names, global shapes), or None. Names
+    are DCP's flattened ``model.`` keys."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = {k: m for k, m in metadata.state_dict_metadata.items()
+             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    current = {f"model.{k}": v for k, v in model_sd.items() if isinstance(v, torch.Tensor)}
+    for key, tensor in current.items():
+        if key not in saved:
+            return f"it has no {key}"
+        if tuple(saved[key].size) != tuple(tensor.shape):
+            return f"{key} is {list(saved[key].size)} there, {list(tensor.shape)} here"
+    extra = sorted(set(saved) - set(current))
+    if extra:
+        return f"it has {extra[0]}{f' and {len(extra) - 1} more tensors' if len(extra) > 1 else ''}, which this model has not"
+    return None
 
 
 class CheckpointManager:
@@ -399,13 +419,18 @@ class CheckpointManager:
     def load(self, ckpt: Path, model, optimizer) -> dict[str, Any]:
         """Load model/optimizer (resharding as needed) and return this rank's extra state."""
         try:  # fail here with one clear line rather than in DCP, which logs tracebacks first
-            safe_load.load_metadata(ckpt / safe_load.METADATA_FILE)
+            metadata = safe_load.load_metadata(ckpt / safe_load.METADATA_FILE)
         except safe_load.UnsafeCheckpoint:
             raise
         except Exception as exc:  # noqa: BLE001 - any reason means unreadable
             raise CheckpointError(f"{ckpt / '.metadata'} is unreadable ({type(exc).__name__}: {exc})") from None
         shards = ModelOptimizer(model, optimizer)
         state = shards.state_dict()
+        mismatch = model_mismatch(metadata, state["model"])
+        if mismatch:
+            raise CheckpointModelMismatch(
+                f"--resume: {ckpt} holds another model than this run's ({mismatch}): a model.* setting differs "
+                "from the one it was saved with; nothing was changed: resume with that model, or use a new --out")
         with tdist.collective("checkpoint load (DCP)"):
             safe_load.load(state, ckpt)
         shards.load_state_dict(state)
@@ -426,6 +451,8 @@ class CheckpointManager:
             err = None
             try:
                 extra = self.load(ckpt, model, optimizer)
+            except CheckpointModelMismatch:  # the same on every rank; an older checkpoint would hide it
+                raise
             except (Exception, dcp.CheckpointException) as exc:  # decided together below
                 if timed_out(exc, self.info):
                     raise
