@@ -111,22 +111,14 @@ def test_reduce_scatter_by_all_to_all_is_a_reduce_scatter(tmp_path, world):
 
 
 def _fsdp_grads(rank, world, result_file):
-    """FSDP2 on gloo, a few linears, one backward with FSDP2's reduce-scatter and one with
-    ``reduce_scatter_by_all_to_all`` as its custom reduce-scatter (plain buffers: symmetric
-    memory needs CUDA): the sharded gradients of both."""
+    """FSDP2 on gloo, a few linears, one backward with FSDP2's collectives and one with the
+    trainer's (``_make_comms()["plain"]``: the symmetric-memory classes' plain-buffer bases, as
+    symmetric memory needs CUDA): the sharded gradients of both."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
-    class AllToAll(ReduceScatter):
-        def allocate(self, size, *, dtype, device):
-            return torch.empty(size, dtype=dtype, device=device)
-
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            symm_comm.reduce_scatter_by_all_to_all(output_tensor, input_tensor, group, op,
-                                                   torch.empty_like(input_tensor))
-
+    all_gather, reduce_scatter = symm_comm._make_comms()["plain"]
     grads = {}
     for custom in (False, True):
         torch.manual_seed(0)
@@ -134,7 +126,8 @@ def _fsdp_grads(rank, world, result_file):
         for layer in model:
             fully_shard(layer)
             if custom:
-                layer.set_custom_reduce_scatter(AllToAll())
+                layer.set_custom_all_gather(all_gather(layer))
+                layer.set_custom_reduce_scatter(reduce_scatter(world))
         fully_shard(model)
         x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
         model(x).square().mean().backward()
@@ -156,45 +149,50 @@ def test_fsdp2_trains_the_same_with_the_all_to_all_reduce_scatter(tmp_path):
 
 
 def _fsdp_bf16_grads(rank, world, result_file):
-    """FSDP2 on gloo with bf16 parameters and an fp32 reduction: FSDP2's own reduce-scatter against
-    the trainer's all-to-all one (``AllToAllReduceScatter``, the symmetric one's plain-buffer base)
-    carrying the bf16 gradients, one step without and one with gradient accumulation (the bundle's
-    ``no_sync``): the sharded gradients, and the dtype each all-to-all carried."""
+    """FSDP2 on gloo with bf16 parameters and an fp32 reduction: FSDP2's own collectives against the
+    trainer's (``_make_comms()["plain"]``) carrying the bf16 gradients, for one step without
+    gradient accumulation, one accumulated through the bundle's ``no_sync``, and one accumulated by
+    calling ``set_requires_gradient_sync(False)`` directly: the sharded gradients of each, and the
+    dtypes each all-to-all carried."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from train.parallel.fsdp import _no_sync
 
-    _, _, base = symm_comm._make_comms()
-    carried = []
-
-    class Recording(base):
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            carried.append((str(input_tensor.dtype), str(output_tensor.dtype)))
-            super().__call__(output_tensor, input_tensor, group, op, async_op)
-
+    all_gather, base = symm_comm._make_comms()["plain"]
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    grads = {}
-    for custom in (False, True):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
-        transport = symm_comm.GradTransport(torch.bfloat16)
-        for layer in model:
-            fully_shard(layer, mp_policy=policy)
-            if custom:
-                layer.set_custom_reduce_scatter(Recording(world, transport))
-        fully_shard(model, mp_policy=policy)
-        x = [torch.randn(4, 16, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(3)]
-        model(x[0]).square().mean().backward()  # one micro-step
-        grads[(custom, "single")] = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        with _no_sync(model, transport):  # two micro-steps, accumulated
-            model(x[1]).square().mean().backward()
-        model(x[2]).square().mean().backward()
-        grads[(custom, "accum")] = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
-    same = {k: all(torch.equal(grads[(False, k)][n], grads[(True, k)][n]) for n in grads[(False, k)])
-            for k in ("single", "accum")}
+    grads, carried = {}, {}
+    for how in ("single", "no_sync", "direct"):
+        for custom in (False, True):
+            seen = carried.setdefault(how, []) if custom else []
+
+            class Recording(base):
+                def __call__(self, output_tensor, input_tensor, group, op, async_op=False, seen=seen):
+                    seen.append((str(input_tensor.dtype), str(output_tensor.dtype)))
+                    super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+            transport = symm_comm.GradTransport(torch.bfloat16)
+            for layer in model:
+                fully_shard(layer, mp_policy=policy)
+                if custom:
+                    layer.set_custom_all_gather(all_gather(layer, transport))
+                    layer.set_custom_reduce_scatter(Recording(world, transport))
+            fully_shard(model, mp_policy=policy)
+            x = [torch.randn(4, 16, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(2)]
+            if how == "no_sync":
+                with _no_sync(model, transport):
+                    model(x[1]).square().mean().backward()
+            elif how == "direct":
+                model.set_requires_gradient_sync(False)
+                model(x[1]).square().mean().backward()
+                model.set_requires_gradient_sync(True)
+            model(x[0]).square().mean().backward()
+            grads[(custom, how)] = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
+    same = {how: all(torch.equal(grads[(False, how)][n], grads[(True, how)][n]) for n in grads[(False, how)])
+            for how in carried}
     gathered = [None] * world
     dist.all_gather_object(gathered, (same, carried))
     if rank == 0:
@@ -204,12 +202,65 @@ def _fsdp_bf16_grads(rank, world, result_file):
 @pytest.mark.skipif(symm_comm._comm_bases() is None, reason="this torch has no FSDP2 custom-comm hooks (2.7 has none)")
 def test_the_all_to_all_reduce_scatter_carries_bf16_gradients_and_sums_them_in_fp32(tmp_path):
     """bf16 training, fp32 reduction: the all-to-all carries the bf16 gradients (half of FSDP2's fp32
-    buffer) into fp32 sums, bit for bit FSDP2's own fp32 reduce-scatter with 2 ranks; once gradient
-    accumulation has begun (FSDP2 accumulates in fp32), it carries fp32, and the accumulated
-    gradients are bit for bit FSDP2's too."""
+    buffer) into fp32 sums, bit for bit FSDP2's own fp32 reduce-scatter with 2 ranks. Once gradient
+    accumulation has begun (FSDP2 accumulates in fp32), whether through the bundle's ``no_sync`` or
+    ``set_requires_gradient_sync`` called directly, it carries fp32, and the accumulated gradients
+    are bit for bit FSDP2's too."""
     from testlib import rank0_result
 
+    bf16, fp32 = ("torch.bfloat16", "torch.float32"), ("torch.float32", "torch.float32")
     for same, carried in rank0_result(_fsdp_bf16_grads, tmp_path, 2):
-        assert same == {"single": True, "accum": True}
-        assert carried[:3] == [("torch.bfloat16", "torch.float32")] * 3  # the first step, one per layer
-        assert set(carried[3:]) == {("torch.float32", "torch.float32")}, carried
+        assert same == {"single": True, "no_sync": True, "direct": True}
+        assert carried == {"single": [bf16] * 3, "no_sync": [fp32] * 3, "direct": [fp32] * 3}, carried
+
+
+def _trainer_grads(rank, world, result_file):
+    """The Trainer with FSDP2 on gloo, bf16 parameters, with and without gradient accumulation:
+    FSDP2's own collectives (``fsdp_symm_mem=none``) against ``all`` installed by ``apply_fsdp`` as
+    on CUDA (only the symmetric-memory parts swapped for their plain bases): losses and gradient
+    norms per step, and the dtypes each reduce-scatter carried."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from testlib import FSDP, load_job
+    from train.distributed import DistInfo
+    from train.trainer import Trainer
+
+    all_gather, base = symm_comm._make_comms()["plain"]
+    carried = []
+
+    class Recording(base):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            carried.append(str(input_tensor.dtype))
+            super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    symm_comm._why_not = lambda *a: None
+    symm_comm._symm_setup = lambda *a: True
+    symm_comm._comm_classes = lambda: (all_gather, Recording)
+    info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
+    out = {}
+    for accum in ([], ["train.batch_size=2", "train.global_batch_size=8"]):
+        for mode in ("none", "all"):
+            carried.clear()
+            job = load_job(FSDP + accum + [f"parallel.fsdp_symm_mem={mode}", "parallel.fsdp_param_dtype=bf16"])
+            trainer = Trainer(job, info, Path(tempfile.mkdtemp()))
+            out[(bool(accum), mode)] = ([trainer.train_step()[:2] for _ in range(job.train.steps)], sorted(set(carried)))
+            trainer.metrics.close()
+    if rank == 0:
+        torch.save(out, result_file)
+
+
+@pytest.mark.skipif(symm_comm._comm_bases() is None, reason="this torch has no FSDP2 custom-comm hooks (2.7 has none)")
+def test_the_trainer_installs_the_bf16_reduce_scatter_and_widens_it_for_accumulation(tmp_path):
+    """Through ``apply_fsdp`` and the Trainer's own loop (its ``no_sync`` for accumulation): with
+    bf16 parameters, ``all`` carries bf16 gradients, or fp32 ones under gradient accumulation, and
+    trains bit for bit as FSDP2's own fp32 reduce-scatter with 2 ranks."""
+    from testlib import rank0_result
+
+    out = rank0_result(_trainer_grads, tmp_path, 2)
+    for accum in (False, True):
+        assert out[(accum, "none")][1] == []  # FSDP2's own collectives
+        assert out[(accum, "all")][1] == (["torch.float32"] if accum else ["torch.bfloat16"])
+        assert out[(accum, "all")][0] == out[(accum, "none")][0], accum

@@ -89,8 +89,9 @@ class GradTransport:
     """The dtype in which ``all``'s reduce-scatter carries the gradients: the unsharded gradients'
     own (``param_dtype``, bf16 in bf16 training; None: the reduce dtype). FSDP2 accumulates the
     gradients of unsynced micro-steps in the reduce dtype, so once gradient accumulation has begun
-    (:meth:`accumulating`, from the bundle's ``no_sync``) they travel in the reduce dtype for the
-    rest of the run: a bf16 buffer would round the accumulated sums."""
+    they travel in the reduce dtype for the rest of the run: a bf16 buffer would round the
+    accumulated sums. :meth:`accumulating` is called by the bundle's ``no_sync``, and by the
+    all-gather of any unit whose gradients are not synced in its step (however that was set)."""
 
     def __init__(self, grad_dtype: torch.dtype | None):
         self.dtype = grad_dtype
@@ -127,21 +128,66 @@ def reduce_scatter_by_all_to_all(output: torch.Tensor, input: torch.Tensor, grou
     reduce(rows, dim=0, dtype=output.dtype, out=output.view(-1))
 
 
-def _make_comms():
-    """(all-gather class, reduce-scatter class, the reduce-scatter's plain-buffer base) for FSDP2's
-    ``set_custom_*`` hooks, or None where this torch has none."""
+def syncs_gradients(unit) -> bool:
+    """Whether FSDP2 reduce-scatters ``unit``'s gradients in this backward (False between
+    ``set_requires_gradient_sync(False)`` and ``(True)``: it accumulates them unreduced, in the
+    reduce dtype). False where this torch does not say (so the caller assumes accumulation)."""
+    try:
+        group = unit._get_fsdp_state()._fsdp_param_group
+    except AttributeError:
+        return False
+    return group is None or bool(getattr(group, "reduce_grads", False))
+
+
+def _make_comms() -> dict:
+    """FSDP2's custom collectives (``set_custom_*``): ``"symm"`` (all-gather, reduce-scatter) on
+    symmetric memory, and ``"plain"``, the same on plain buffers (their bases); {} where this torch
+    has no such hooks."""
     bases = _comm_bases()
     if bases is None:
-        return None
-    all_gather_base, reduce_scatter_base = bases
+        return {}
+    (plain_ag, symm_ag), (plain_rs, symm_rs) = _all_gathers(bases[0]), _reduce_scatters(bases[1])
+    return {"symm": (symm_ag, symm_rs), "plain": (plain_ag, plain_rs)}
 
-    class SymmAllGather(_SymmAlloc, all_gather_base):
+
+def _all_gathers(all_gather_base) -> tuple:
+    """(plain, symmetric-memory) all-gather classes on FSDP2's ``AllGather`` interface."""
+
+    class AllGatherComm(all_gather_base):
+        """FSDP2's all-gather (in place: the output buffer holds this rank's input). Every unit's
+        forward all-gathers, so here it also notes gradient accumulation for ``transport``: a unit
+        that does not sync its gradients in this step has them accumulated in the reduce dtype."""
+
+        def __init__(self, unit=None, transport: GradTransport | None = None):
+            self._unit, self._transport = unit, transport
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(size, dtype=dtype, device=device)
+
+        def _register(self, buf: torch.Tensor, group) -> None:
+            """Make ``buf`` usable by the collective (nothing for plain buffers)."""
+
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            t = self._transport
+            if t is not None and t.dtype is not None and self._unit is not None and not syncs_gradients(self._unit):
+                t.accumulating()
+            self._register(output_tensor, group)  # only the output: it holds this rank's input
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+    class SymmAllGather(AllGatherComm):
+        def allocate(self, size, *, dtype, device):
+            return _SymmAlloc().allocate(size, dtype=dtype, device=device)
+
+        def _register(self, buf, group):
             from torch.distributed import _symmetric_memory as symm_mem
 
-            # in-place all-gather: the output buffer holds this rank's input, so only it is registered
-            symm_mem.rendezvous(output_tensor, group=group.group_name)
-            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+            symm_mem.rendezvous(buf, group=group.group_name)
+
+    return AllGatherComm, SymmAllGather
+
+
+def _reduce_scatters(reduce_scatter_base) -> tuple:
+    """(plain, symmetric-memory) reduce-scatter classes on FSDP2's ``ReduceScatter`` interface."""
 
     class AllToAllReduceScatter(reduce_scatter_base):
         """FSDP2's reduce-scatter as :func:`reduce_scatter_by_all_to_all`. FSDP2 asks for the input,
@@ -176,6 +222,7 @@ def _make_comms():
             return self._buffer(size, dtype, device)
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            self._input_numel = None  # the next allocate is the next reduce's input
             scratch = self._buffer(input_tensor.shape, input_tensor.dtype, input_tensor.device)
             for buf in (input_tensor, scratch):
                 self._register(buf, group)
@@ -194,7 +241,27 @@ def _make_comms():
 
             symm_mem.rendezvous(buf, group=group.group_name)
 
-    return SymmAllGather, SymmReduceScatter, AllToAllReduceScatter
+    return AllToAllReduceScatter, SymmReduceScatter
+
+
+def _comm_classes() -> tuple:
+    """The (all-gather, reduce-scatter) classes :func:`apply_symm_mem` installs."""
+    return _make_comms()["symm"]
+
+
+def _symm_setup(mode: str, group) -> bool:
+    """Symmetric memory on NCCL for this process, the communicator up: whether it is usable."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    try:  # once per process; a later Trainer (bench step's next point) finds it set
+        symm_mem.set_backend("NCCL")
+    except RuntimeError as exc:
+        if str(symm_mem.get_backend(torch.device("cuda", torch.cuda.current_device()))).upper() != "NCCL":
+            log.warning("parallel.fsdp_symm_mem=%s: %s; FSDP2 keeps its default collectives", mode,
+                        " ".join(str(exc).split())[:200])
+            return False
+    dist.barrier(group=group)  # the communicator exists before the first rendezvous
+    return True
 
 
 def _why_not(device_type: str, group, native: bool) -> str | None:
@@ -222,22 +289,16 @@ def apply_symm_mem(units: list, job, device_type: str, group, transport: GradTra
         if job.parallel.fsdp_symm_mem != "auto":
             log.warning("parallel.fsdp_symm_mem=%s: %s; FSDP2 keeps its default collectives", mode, why)
         return False
-    from torch.distributed import _symmetric_memory as symm_mem
-
-    try:  # once per process; a later Trainer (bench step's next point) finds it set
-        symm_mem.set_backend("NCCL")
-    except RuntimeError as exc:
-        if str(symm_mem.get_backend(torch.device("cuda", torch.cuda.current_device()))).upper() != "NCCL":
-            log.warning("parallel.fsdp_symm_mem=%s: %s; FSDP2 keeps its default collectives", mode,
-                        " ".join(str(exc).split())[:200])
-            return False
-    dist.barrier(group=group)  # the communicator exists before the first rendezvous
-    comms = None if native else _make_comms()
+    if not _symm_setup(mode, group):
+        return False
+    if transport is not None and not syncs_gradients(units[0]):  # cannot tell: carry the reduce dtype
+        transport.accumulating()
+    comms = None if native else _comm_classes()
     for unit in units:
         if native:
             unit.set_symm_mem_for_comm("NCCL")
             continue
-        unit.set_custom_all_gather(comms[0]())
+        unit.set_custom_all_gather(comms[0](unit, transport))
         if mode == "all":
             unit.set_custom_reduce_scatter(comms[1](group.size(), transport))
     return True
