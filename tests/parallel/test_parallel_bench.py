@@ -62,6 +62,19 @@ def test_bench_step_plan_under_torchrun_two_processes(tmp_path):
             assert abs(a - b) < 1e-4 * abs(b), (r["strategy"], r["losses"], rows[0]["losses"])
 
 
+def test_bench_step_takes_every_model_family_preset(tmp_path):
+    """``--preset`` takes the presets of every model family that ``model.name`` takes (GPT-2 here),
+    and names them all when it refuses one."""
+    out = tmp_path / "bench"
+    res = train_cli(["bench", "step", "--preset", "gpt2-124m", "--steps", "1", "--warmup", "1", "--batch", "1",
+                     "--seq", "32", "--device", "cpu", "--set", "model.n_layers=1", "--out", str(out)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    _, rows = _report(out)
+    assert [(r["preset"], r["status"]) for r in rows] == [("gpt2-124m", "ok")]
+    res = train_cli(["bench", "step", "--preset", "gpt3", "--out", str(tmp_path / "no")])
+    assert res.returncode == 2 and "gpt2-124m" in res.stderr and "8b" in res.stderr, res.stderr
+
+
 def test_bench_step_rejects_unknown_strategy(tmp_path):
     from click.testing import CliRunner
 

@@ -216,7 +216,7 @@ def _variant_jobs(specs: list[str], preset: str, config_path: str | None, base: 
     from train import preflight
     from train.config import CONFIG_DIR, load_config
     from train.errors import ConfigError, DataError
-    from train.models.presets import MODEL_PRESETS
+    from train.models.registry import PRESETS as MODEL_PRESETS
 
     # Only a known preset names a file: '../x' or a name too long (is_file raised OSError) is model.name's error.
     if config_path is None and preset in MODEL_PRESETS and (CONFIG_DIR / f"{preset}.yaml").is_file():

@@ -63,7 +63,7 @@ def expand(grid: dict) -> list[dict]:
     checked here (before any process group), every point's job config validated."""
     from train.bench.report import comma_list, refuse_set_keys
     from train.config import load_config
-    from train.models.presets import MODEL_PRESETS
+    from train.models.registry import PRESETS as MODEL_PRESETS
 
     try:
         lists = [comma_list(grid[k], f"--{k}") for k in GRID_KEYS]
