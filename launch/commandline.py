@@ -84,6 +84,19 @@ def out_warnings(spec: JobSpec, backend: str, mounts: bool = True) -> list[str]:
     return [f"{backend}: --out {out} is not under {where}: it is inside the container and deleted with it"]
 
 
+def unused_warnings(spec: JobSpec, backend: str, why: str, *, mounts: bool = True, resources: bool = True,
+                    endpoint_host: bool = True) -> list[str]:
+    """One line naming the options given that ``backend`` does not render (``mounts``,
+    ``resources``, ``endpoint_host`` False: it has no use for them), and ``why``."""
+    unused = ["--mount"] if not mounts and spec.mounts else []
+    if not resources:
+        unused += [opt for opt, value in (("--cpus", spec.resources.cpus), ("--memory", spec.resources.memory))
+                   if value is not None]
+    if not endpoint_host and spec.rdzv.host is not None:
+        unused.append("--rdzv-endpoint's host")
+    return [f"{backend}: {', '.join(unused)} not rendered: {why}"] if unused else []
+
+
 PREFLIGHT_PORT_OFFSET = 1  # the preflight's rendezvous: same host as the training's, port + 1
 
 

@@ -8,7 +8,6 @@ after it goes to the program unchanged. So the program word - the executable, th
 from __future__ import annotations
 
 import shlex
-from pathlib import PurePosixPath
 
 from core.errors import SpecError
 from core.homepath import refuse_home
@@ -48,11 +47,12 @@ def program_args(entrypoint: tuple[str, ...]) -> list[str]:
     """How torchrun starts the training program.
 
     ``python -m pkg ...`` -> ``-m pkg ...`` and ``python script.py ...`` -> ``script.py ...``
-    (torchrun runs them with its own interpreter); anything else runs as a plain
-    executable through ``--no-python``.
+    (torchrun runs them with its own interpreter, the ``python`` on the PATH); anything else,
+    an interpreter named by its path (``/opt/venv/bin/python -m pkg``) included, runs as a
+    plain executable through ``--no-python``.
     """
     head, rest = entrypoint[0], list(entrypoint[1:])
-    if PurePosixPath(head).name in PYTHONS and rest:
+    if head in PYTHONS and rest:
         if rest[0] == "-m" and len(rest) >= 2:
             return ["-m", *rest[1:]]
         if rest[0].endswith(".py"):

@@ -223,7 +223,7 @@ def parse_endpoint(value: str | None, default_port: int) -> tuple[str | None, in
             port = int(match.group(2))
     if not match or not valid_host(host, resolved=True):
         raise SpecError(f"--rdzv-endpoint {excerpt(value)}: expected HOST[:PORT] (a DNS name of at most 253 characters "
-                        "in labels of 1..63, an IPv4 address or [IPv6])")
+                        "in labels of 1..63, an IPv4 address or [IPv6] without a %zone)")
     return host, parse_port(port)
 
 
@@ -234,10 +234,10 @@ def valid_host(host: str, resolved: bool = False) -> bool:
     address or a bracketed IPv6."""
     if host.startswith("[") and host.endswith("]"):
         try:
-            ipaddress.IPv6Address(host[1:-1])
+            address = ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             return False
-        return True
+        return address.scope_id is None  # fe80::1%eth0 names a link, which no other node shares
     labels = host.split(".")
     if labels[-1].isdigit():
         # RFC 1123 2.1: a name's top-level label is never all digits, so this is a dotted-quad

@@ -15,7 +15,7 @@ from launch.backends.shell import (
     preflight_context,
     torchrun_groups,
 )
-from launch.commandline import out_warnings
+from launch.commandline import out_warnings, unused_warnings
 from launch.envnames import TORCHRUN_OWNED
 from launch.render import render
 from launch.spec import JobSpec
@@ -92,5 +92,6 @@ BACKEND = register(Backend(
         ["--cpu"], is_flag=True,
         help="CPU variant (a laptop, no GPUs): LAUNCH_GPUS=none by default, workers use gloo.")],
     parse=lambda extra, job_options: DockerOptions(cpu=extra["cpu"]),
-    warnings=lambda job, opts: out_warnings(job.spec, "docker"),
+    warnings=lambda job, opts: out_warnings(job.spec, "docker") + unused_warnings(
+        job.spec, "docker", "the container takes the node's CPUs and memory", resources=False),
 ))

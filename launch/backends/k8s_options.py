@@ -12,7 +12,7 @@ from core.clicktypes import StrictInt
 from core.errors import SpecError
 from core.safety import excerpt
 from launch import defaults
-from launch.commandline import out_warnings
+from launch.commandline import out_warnings, unused_warnings
 from launch.envnames import check_env_name, check_unique_env
 from launch.spec import JobSpec, parse_quantity, quantity_value
 
@@ -149,8 +149,11 @@ def parse_options(
 ) -> K8sOptions:
     if namespace is not None and (len(namespace) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", namespace)):
         raise SpecError(f"--namespace {namespace!r}: not a valid namespace name")
-    if queue is not None and (len(queue) > 63 or not LABEL_VALUE.fullmatch(queue) or not queue):
-        raise SpecError(f"--queue {queue!r}: not a valid label value")
+    # Kueue's webhook takes the queue-name label only as a LocalQueue name that is also a label
+    # value: a DNS-1123 subdomain of at most 63 characters (lower case; Team_A is refused there)
+    if queue is not None and (len(queue) > 63 or not _DNS1123_SUBDOMAIN.fullmatch(queue)):
+        raise SpecError(f"--queue {excerpt(queue)}: a Kueue LocalQueue name is at most 63 lower-case letters, digits, "
+                        "'-' and '.', starting and ending with a letter or digit")
     if backoff_limit < 0 or ttl_seconds < 0:
         raise SpecError("--backoff-limit and --ttl-seconds must be 0 or more")
     return K8sOptions(
@@ -255,4 +258,5 @@ def k8s_warnings(job, opts: K8sOptions) -> list[str]:
     spec = job.spec
     mounts = (["k8s: --mount host paths are not rendered; the checkpoint PVC (--pvc) is mounted instead"]
               if spec.mounts else [])
-    return mounts + shm_warnings(spec, opts) + secret_warnings(spec) + out_warnings(spec, "k8s", mounts=False)
+    return (mounts + shm_warnings(spec, opts) + secret_warnings(spec) + out_warnings(spec, "k8s", mounts=False)
+            + unused_warnings(spec, "k8s", "the operator names the rendezvous host", endpoint_host=False))

@@ -23,7 +23,7 @@ from launch.backends.shell import (
     torchrun_groups,
 )
 from launch.backends.torchrun import venv_param
-from launch.commandline import out_warnings
+from launch.commandline import out_warnings, unused_warnings
 from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.images import registry_host
 from launch.render import Quoted, Shell, render
@@ -221,11 +221,13 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
     if opts.pyxis:
         flags.append((f"--container-image={enroot_image(spec.image)}",
                       "pyxis/enroot: run torchrun inside the image (enroot's [USER@][REGISTRY#]IMAGE[:TAG])"))
+        # pyxis: SRC:DST[:FLAGS], the flags (mount(8)'s: access, propagation) joined with '+'
+        enroot_flags = {"ro", "rw", "shared", "slave", "private", "rshared", "rslave", "rprivate"}
         for m in spec.mounts:
-            if set(m.options) - {"ro", "rw"}:
-                raise SpecError(f"--mount {m.source}:{m.target}:{','.join(m.options)}: pyxis/enroot mounts take ro "
-                                "or rw only (SELinux relabel and propagation are docker/podman's)")
-        mounts = [f"{m.source}:{m.target}{':ro' if m.read_only else ''}" for m in spec.mounts]
+            if set(m.options) - enroot_flags:
+                raise SpecError(f"--mount {m.source}:{m.target}:{','.join(m.options)}: pyxis/enroot mounts take ro, rw "
+                                "and a propagation only (SELinux relabel z/Z and cached/delegated are docker/podman's)")
+        mounts = [f"{m.source}:{m.target}{':' + '+'.join(m.options) if m.options else ''}" for m in spec.mounts]
         mounts.append(f"{spec.checkpoint_dir}:{spec.checkpoint_dir}")
         flags.append((f"--container-mounts={','.join(mounts)}", "--mount and the checkpoint directory"))
     return flags
@@ -289,5 +291,7 @@ BACKEND = register(Backend(
     parse=lambda extra, job_options: SlurmOptions.parse(**extra),
     builder_inputs=lambda opts: ({"image_syntax": "enroot", "pulls_image": "slurm --pyxis"} if opts.pyxis
                                  else {"image_syntax": "oci"}),
-    warnings=lambda job, opts: out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else [],
+    warnings=lambda job, opts: (out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else []) + unused_warnings(
+        job.spec, "slurm", "the rendezvous is on the allocation's first node"
+        + ("" if opts.pyxis else "; mounts need a container (--pyxis)"), mounts=opts.pyxis, endpoint_host=False),
 ))

@@ -16,6 +16,7 @@ from launch.backends.shell import (
     preflight_context,
     torchrun_groups,
 )
+from launch.commandline import unused_warnings
 from launch.envnames import TORCHRUN_OWNED
 from launch.render import render
 
@@ -50,4 +51,6 @@ BACKEND = register(Backend(
     owned=owners(TORCHRUN_OWNED),
     params=lambda: [venv_param()],
     parse=lambda extra, job_options: TorchrunOptions.parse(extra["venv"]),
+    warnings=lambda job, opts: unused_warnings(job.spec, "torchrun", "the script runs on the node itself, with no "
+                                               "container or scheduler to give them to", mounts=False, resources=False),
 ))

@@ -36,6 +36,14 @@ VALID = [
     (["k8s", "--api", "pytorchjob", "--env"], "my-var=1", '- name: "my-var"'),
     # resolvers (glibc, docker's DNS) answer names with '_', as the script's run-time override does
     (["torchrun", "--nnodes", "2", "--rdzv-endpoint"], "node_1:29500", "rdzv_endpoint=node_1:29500"),
+    # a container name may end in '-', '_' or '.'; the rendezvous id derived from it drops them
+    (["slurm", "--name"], "run1-", "#SBATCH --job-name=run1-"),
+    (["torchrun", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--name"], "run1.", "--rdzv-id run1\n"),
+    (["docker", "--name"], "run_1_", "container_name=${LAUNCH_CONTAINER_NAME:-run_1_}"),
+    # pyxis mount flags (ro, rw, propagation) joined with '+' (pyxis: "ro+rprivate")
+    (["slurm", "--pyxis", "--image", "nvcr.io/nvidia/pytorch:24.01-py3", "--mount"], "/data:/data:ro,rprivate",
+     "--container-mounts=/data:/data:ro+rprivate,"),
+    (["k8s", "--queue"], "team-a.gpu", '"kueue.x-k8s.io/queue-name": "team-a.gpu"'),
 ]
 INVALID = [
     (["slurm", "--name"], "a b"), (["docker", "--name"], "-x"), (["k8s", "--name"], "llama.8b_run1"),
@@ -46,6 +54,10 @@ INVALID = [
     (["torchrun", "--env"], "my-var=1"), (["slurm", "--env"], "A.B=1"), (["k8s", "--env"], "1a=1"),
     (["k8s", "--env"], "..a=1"), (["torchrun", "--nnodes", "2", "--rdzv-endpoint"], "node 1:29500"),
     (["docker", "--registry"], "my_registry.io"),
+    # Kueue takes a LocalQueue name (DNS-1123, lower case); a link-local %zone names no shared link
+    (["k8s", "--queue"], "Team_A"), (["k8s", "--queue"], "team-a."),
+    (["torchrun", "--nnodes", "2", "--rdzv-endpoint"], "[fe80::1%eth0]:29500"),
+    (["slurm", "--pyxis", "--image", "nvcr.io/nvidia/pytorch:24.01-py3", "--mount"], "/d:/d:ro,cached"),
 ]
 
 

@@ -68,6 +68,11 @@ def test_gpu_selection_and_cpu_mode(sandbox):
     proc = _run(script, {**env, "LAUNCH_GPUS": "0,3", "LAUNCH_ENGINE": "docker"})
     assert proc.returncode == 0, proc.stderr
     assert '--gpus="device=0,3"' in read_record(record, ".docker")["opts"]
+    # UUIDs and MIG devices, as the NVIDIA Container Toolkit (docker) and CDI (podman) name them
+    uuid = "GPU-3a23c669-1f69-c64e-cf85-44e9b07e7a2a"
+    proc = _run(script, {**env, "LAUNCH_GPUS": f"{uuid},0:1", "LAUNCH_ENGINE": "docker"})
+    assert proc.returncode == 0, proc.stderr
+    assert f'--gpus="device={uuid},0:1"' in read_record(record, ".docker")["opts"]
     proc = _run(script, {**env, "LAUNCH_GPUS": "none"})
     assert proc.returncode == 0, proc.stderr
     opts = read_record(record, ".docker")["opts"]

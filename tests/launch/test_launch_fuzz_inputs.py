@@ -122,7 +122,7 @@ def test_output_never_goes_inside_the_launch_or_core_package():
 
 @pytest.mark.parametrize("entrypoint", [
     "python -m --nproc-per-node=64 train run", "python --rdzv-endpoint=evil:1/x.py real.py",
-    "python3 -m -x", "python -m ''", "/usr/bin/python3 -m --standalone x", "python -m -- x",
+    "python3 -m -x", "python -m ''", "python3 -m --standalone x", "python -m -- x",
 ])
 def test_entrypoint_cannot_smuggle_torchrun_options(entrypoint):
     _refused(["torchrun", "--entrypoint", entrypoint], "--entrypoint")
@@ -130,7 +130,10 @@ def test_entrypoint_cannot_smuggle_torchrun_options(entrypoint):
 
 @pytest.mark.parametrize("entrypoint, program", [("python -m train run", ["-m", "train", "run"]),
                                                  ("python x.py --a", ["x.py", "--a"]),
-                                                 ("python -u x.py", ["--no-python", "python", "-u", "x.py"])])
+                                                 ("python -u x.py", ["--no-python", "python", "-u", "x.py"]),
+                                                 # an interpreter by its path runs as it is, not torchrun's
+                                                 ("/opt/venv/bin/python -m train run",
+                                                  ["--no-python", "/opt/venv/bin/python", "-m", "train", "run"])])
 def test_programs_still_render(entrypoint, program):
     from launch.entrypoint import parse_entrypoint, program_args
 

@@ -63,9 +63,12 @@ def test_a_hostile_rendezvous_endpoint_stops_the_script_before_any_arithmetic(st
     assert "expected HOST:PORT" in line
 
 
-@pytest.mark.parametrize("endpoint, expect", [("head:31000", "head:31001"), ("[fd00::1]:029", "[fd00::1]:30"),
-                                              ("10.0.0.1", "10.0.0.1:29401")])
-def test_good_endpoints_give_the_preflight_port_plus_one(tmp_path, endpoint, expect):
+@pytest.mark.parametrize("endpoint, expect, given", [("head:31000", "head:31001", "head:31000"),
+                                                     ("[fd00::1]:029", "[fd00::1]:30", "[fd00::1]:29"),
+                                                     ("10.0.0.1", "10.0.0.1:29401", "10.0.0.1:29400")])
+def test_good_endpoints_give_the_preflight_port_plus_one(tmp_path, endpoint, expect, given):
+    """The preflight meets one port above the training's; an endpoint without a port is torchrun's
+    default port, 29400, written out (the script's own address lookup reads HOST:PORT)."""
     bindir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
     bindir.mkdir()
     write_address_stubs(bindir)
@@ -76,7 +79,7 @@ def test_good_endpoints_give_the_preflight_port_plus_one(tmp_path, endpoint, exp
     assert proc.returncode == 0, proc.stderr
     pre, train = [json.loads(line) for line in log.read_text().splitlines()]
     assert pre[pre.index("--rdzv-endpoint") + 1] == expect
-    assert train[train.index("--rdzv-endpoint") + 1] == endpoint
+    assert train[train.index("--rdzv-endpoint") + 1] == given
 
 
 def test_the_preflight_endpoint_at_the_top_port_is_refused(stubs):
@@ -221,3 +224,24 @@ def test_warnings_are_one_printable_line(out):
     warnings = proc.stderr.splitlines()
     assert len(warnings) == 1 and warnings[0].startswith("launch: warning: docker: --out"), proc.stderr
     assert "\x1b" not in proc.stderr and "\r" not in proc.stderr and "\u2028" not in proc.stderr
+
+
+@pytest.mark.parametrize("node_addr, endpoint", [("fd00::1", "[fd00::1]:29400"), ("10.1.2.3", "10.1.2.3:29400")])
+def test_slurm_takes_an_ipv6_node_addr(stubs, node_addr, endpoint):
+    """Slurm with IPv6 node addresses (CommunicationParameters=EnableIPv6): the first node's
+    NodeAddr becomes a bracketed rendezvous endpoint, as torchrun and the script's check read it."""
+    tmp, record, env = stubs
+    (tmp / "bin" / "scontrol").write_text(f"""#!{PY}
+import sys
+if sys.argv[1:3] == ["show", "hostnames"]:
+    print("node-a"); print("node-b")
+else:
+    print("NodeName=node-a Arch=x86_64 NodeAddr={node_addr} NodeHostName=node-a State=ALLOCATED")
+""")
+    env = {**env, "LAUNCH_NODE_ADDR": "10.9.9.9", "LAUNCH_RDZV_WAIT_S": "0"}
+    proc = _run(tmp, ["slurm", "--nnodes", "2", "--fabric", "ethernet"], env)
+    assert "expected HOST:PORT" not in proc.stderr, proc.stderr
+    text = (tmp / "job.sh").read_text()
+    assert "rdzv_host=\"[$rdzv_host]\"" in text
+    argv = read_record(record)["argv"] if record.exists() else []
+    assert argv and argv[argv.index("--rdzv-endpoint") + 1] == endpoint, proc.stderr

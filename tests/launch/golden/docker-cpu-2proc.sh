@@ -13,7 +13,8 @@
 #   LAUNCH_ENGINE=docker|podman    container engine; default: detected (see below)
 #   LAUNCH_ENGINE_FLAGS='--a=1 --b' extra engine flags before the image, split on
 #                                  whitespace (no quotes, no globbing)
-#   LAUNCH_GPUS=all|none|0,1,...   GPUs for the container (none: CPU processes, gloo);
+#   LAUNCH_GPUS=all|none|0,1,...   GPUs for the container: indices, MIG devices (0:1) or UUIDs (GPU-...)
+#                                  (none: CPU processes, gloo);
 #                                  default none
 #   LAUNCH_CONTAINER_NAME=NAME     container name; default the job name (train)
 #   LAUNCH_IMAGE_USER=UID:GID      the image's run-time user (Dockerfile APP_UID/APP_GID); default 1000:1000
@@ -111,9 +112,11 @@ fi
 gpu_opts=()
 case "$gpus" in
   none) note "LAUNCH_GPUS=none: no GPUs, the workers run on the CPU (gloo)" ;;
-  all | [0-9]*)
-    if [[ "$gpus" != all && ! "$gpus" =~ ^[0-9]+(,[0-9]+)*$ ]]; then
-      die "LAUNCH_GPUS=$gpus: expected all, none or GPU indices such as 0,1"
+  all | [0-9]* | GPU-* | MIG-*)
+    # indices, MIG devices (GPU:INSTANCE) or UUIDs, as the NVIDIA Container Toolkit and CDI take them
+    gpu_re='([0-9]+(:[0-9]+)?|(GPU|MIG)-[0-9A-Fa-f-]+)'
+    if [[ "$gpus" != all && ! "$gpus" =~ ^$gpu_re(,$gpu_re)*$ ]]; then
+      die "LAUNCH_GPUS=$gpus: expected all, none, or GPU indices, MIG devices (0:1) or UUIDs (GPU-...) separated by commas"
     fi
     if [[ "$engine" == docker ]]; then
       if [[ "$gpus" == all ]]; then gpu_opts+=(--gpus=all); else gpu_opts+=("--gpus=\"device=$gpus\""); fi
@@ -123,7 +126,7 @@ case "$gpus" in
       gpu_opts+=(--security-opt=label=disable)
     fi
     ;;
-  *) die "LAUNCH_GPUS=$gpus: expected all, none or GPU indices such as 0,1" ;;
+  *) die "LAUNCH_GPUS=$gpus: expected all, none, or GPU indices, MIG devices (0:1) or UUIDs (GPU-...) separated by commas" ;;
 esac
 
 # ---- resource limits. A rootless engine, and podman run by a root without

@@ -35,6 +35,7 @@ if [[ ! $rdzv_endpoint =~ $endpoint_re ]] || ((10#${BASH_REMATCH[3]:-29400} < 1 
   printf 'launch: rendezvous endpoint %q: expected HOST:PORT (a host name, an IPv4 or [IPv6] address; port 1..65535)\n' "$rdzv_endpoint" >&2
   exit 2
 fi
+rdzv_endpoint="${BASH_REMATCH[1]}:$((10#${BASH_REMATCH[3]:-29400}))"  # HOST alone: torchrun's port, 29400
 
 # launch_node_addr HOST:PORT: this node's own address on its route to the rendezvous host, the
 # one it advertises to the other nodes (torchrun --local-addr for the c10d agents and the
