@@ -70,3 +70,17 @@ def test_values_the_target_accepts_render_unchanged(argv, value, line):
 def test_values_the_target_refuses_are_one_line(argv, value):
     rc, out, err = run_inproc([*argv, value])
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["docker", "--cpus", "8", "--memory", "64Gi"], "docker: --cpus, --memory not rendered"),
+    (["torchrun", "--mount", "/data:/data"], "torchrun: --mount not rendered"),
+    (["slurm", "--nnodes", "2", "--rdzv-endpoint", "10.1.2.3:29999"], "slurm: --rdzv-endpoint's host not rendered"),
+    (["k8s", "--api", "pytorchjob", "--nnodes", "2", "--rdzv-endpoint", "h:29500"],
+     "k8s: --rdzv-endpoint's host not rendered"),
+])
+def test_options_a_backend_does_not_render_are_named(argv, named):
+    """Given but not used by the backend: rendered all the same, with one warning line naming them."""
+    rc, out, err = run_inproc(argv)
+    assert rc == 0, err
+    assert [ln for ln in err.splitlines() if named in ln], err
