@@ -16,7 +16,8 @@ Tables (machine; the doc that shows the table):
               --set data.source=synthetic` (the automatic plan deciding the rest; FP8: fp8.backend=torchao)
               against torchtitan with compile on and the preset's batch and sequence length, both sides
               in the same call (docs/plan.md). torchtitan runs the preset's AC, or none where the plan
-              leaves every block out of AC on this machine (its best at that shape). --points: a comma
+              leaves every block out of AC on this machine (its best at that shape; --dry-run, which
+              asks no GPU, shows the preset's). --points: a comma
               list of 8b, 1b, 8b_fp8, 1b_fp8 (default 8b,1b); --gpus: a comma list of GPU counts
               (default 2). Where the machine has twice the GPUs of a point, the two sides run at the
               same time on separate GPUs, twice, swapping GPUs (each side measured on both); otherwise
@@ -262,7 +263,10 @@ def visible_gpus() -> int:
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return len([d for d in env.split(",") if d.strip()])
-    res = subprocess.run(["nvidia-smi", "-L"], check=False, capture_output=True, text=True)
+    try:
+        res = subprocess.run(["nvidia-smi", "-L"], check=False, capture_output=True, text=True)
+    except OSError:  # no NVIDIA driver here (a --dry-run on a laptop)
+        return 0
     return sum(1 for line in res.stdout.splitlines() if line.startswith("GPU")) if res.returncode == 0 else 0
 
 
