@@ -243,6 +243,15 @@ def enroot_image(image: str) -> str:
     return f"{host}#{image[len(host) + 1:]}"
 
 
+def digest_warnings(image: str) -> list[str]:
+    """enroot reads an image digest (``@sha256:...``) from version 4.0 on; older ones refuse the
+    reference ("Invalid image reference") when the job starts."""
+    if "@" not in image.rpartition("/")[2]:
+        return []
+    return ["slurm --pyxis: the image is named by its digest, which enroot reads from version 4.0 on "
+            "(older enroot stops the job with 'Invalid image reference'); name a tag there instead"]
+
+
 def render_job(job: Job, opts: SlurmOptions = SlurmOptions()) -> str:
     spec = job.spec
     ctx = common_context(job, container=opts.pyxis)
@@ -291,7 +300,8 @@ BACKEND = register(Backend(
     parse=lambda extra, job_options: SlurmOptions.parse(**extra),
     builder_inputs=lambda opts: ({"image_syntax": "enroot", "pulls_image": "slurm --pyxis"} if opts.pyxis
                                  else {"image_syntax": "oci"}),
-    warnings=lambda job, opts: (out_warnings(job.spec, "slurm --pyxis") if opts.pyxis else []) + unused_warnings(
+    warnings=lambda job, opts: (out_warnings(job.spec, "slurm --pyxis") + digest_warnings(job.spec.image)
+                                if opts.pyxis else []) + unused_warnings(
         job.spec, "slurm", "the rendezvous is on the allocation's first node"
         + ("" if opts.pyxis else "; mounts need a container (--pyxis)"), mounts=opts.pyxis, endpoint_host=False),
 ))
