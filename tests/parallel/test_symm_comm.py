@@ -228,25 +228,37 @@ def _trainer_grads(rank, world, result_file):
     from train.distributed import DistInfo
     from train.trainer import Trainer
 
-    all_gather, base = symm_comm._make_comms()["plain"]
-    carried = []
+    from torch.distributed import _symmetric_memory
 
-    class Recording(base):
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            carried.append(str(input_tensor.dtype))
-            super().__call__(output_tensor, input_tensor, group, op, async_op)
+    comms = symm_comm._make_comms()
+    carried, registered = [], []
+
+    def recording(base):
+        class Recording(base):
+            def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+                carried.append(str(input_tensor.dtype))
+                super().__call__(output_tensor, input_tensor, group, op, async_op)
+        return Recording
 
     symm_comm._why_not = lambda *a: None
     symm_comm._symm_setup = lambda *a: True
-    symm_comm._comm_classes = lambda: (all_gather, Recording)
+    # "symm": the symmetric-memory classes themselves, with the two CUDA-only calls they make
+    # (the NCCL pool's allocation, the rendezvous) standing in as plain buffers and a record
+    symm_comm._SymmAlloc.allocate = lambda self, size, *, dtype, device: torch.empty(size, dtype=dtype, device=device)
+    _symmetric_memory.rendezvous = lambda buf, group: registered.append((str(buf.dtype), group))
     info = DistInfo(rank, rank, world, torch.device("cpu"), "gloo")
     out = {}
     for accum in ([], ["train.batch_size=2", "train.global_batch_size=8"]):
-        for mode in ("none", "all"):
+        for mode in ("none", "all", "symm"):
             carried.clear()
-            job = load_job(FSDP + accum + [f"parallel.fsdp_symm_mem={mode}", "parallel.fsdp_param_dtype=bf16"])
+            registered.clear()
+            ag, rs = comms["symm" if mode == "symm" else "plain"]
+            symm_comm._comm_classes = lambda ag=ag, rs=rs: (ag, recording(rs))
+            setting = "all" if mode == "symm" else mode
+            job = load_job(FSDP + accum + [f"parallel.fsdp_symm_mem={setting}", "parallel.fsdp_param_dtype=bf16"])
             trainer = Trainer(job, info, Path(tempfile.mkdtemp()))
-            out[(bool(accum), mode)] = ([trainer.train_step()[:2] for _ in range(job.train.steps)], sorted(set(carried)))
+            out[(bool(accum), mode)] = ([trainer.train_step()[:2] for _ in range(job.train.steps)], sorted(set(carried)),
+                                        sorted(set(registered)))
             trainer.metrics.close()
     if rank == 0:
         torch.save(out, result_file)
@@ -256,11 +268,17 @@ def _trainer_grads(rank, world, result_file):
 def test_the_trainer_installs_the_bf16_reduce_scatter_and_widens_it_for_accumulation(tmp_path):
     """Through ``apply_fsdp`` and the Trainer's own loop (its ``no_sync`` for accumulation): with
     bf16 parameters, ``all`` carries bf16 gradients, or fp32 ones under gradient accumulation, and
-    trains bit for bit as FSDP2's own fp32 reduce-scatter with 2 ranks."""
+    trains bit for bit as FSDP2's own fp32 reduce-scatter with 2 ranks; the symmetric-memory classes
+    (their NCCL-pool allocation and rendezvous recorded instead of made) register every buffer the
+    collectives use, in those dtypes."""
     from testlib import rank0_result
 
     out = rank0_result(_trainer_grads, tmp_path, 2)
     for accum in (False, True):
-        assert out[(accum, "none")][1] == []  # FSDP2's own collectives
-        assert out[(accum, "all")][1] == (["torch.float32"] if accum else ["torch.bfloat16"])
-        assert out[(accum, "all")][0] == out[(accum, "none")][0], accum
+        assert out[(accum, "none")][1:] == ([], [])  # FSDP2's own collectives
+        for mode in ("all", "symm"):
+            assert out[(accum, mode)][1] == (["torch.float32"] if accum else ["torch.bfloat16"]), mode
+            assert out[(accum, mode)][0] == out[(accum, "none")][0], (accum, mode)
+        assert out[(accum, "all")][2] == []
+        registered = {dtype for dtype, _ in out[(accum, "symm")][2]}
+        assert registered == ({"torch.bfloat16", "torch.float32"} if accum else {"torch.bfloat16"}), registered
