@@ -223,12 +223,11 @@ def _trainer_grads(rank, world, result_file):
     from pathlib import Path
 
     import torch
+    from torch.distributed import _symmetric_memory
 
     from testlib import FSDP, load_job
     from train.distributed import DistInfo
     from train.trainer import Trainer
-
-    from torch.distributed import _symmetric_memory
 
     comms = symm_comm._make_comms()
     carried, registered = [], []
