@@ -1,13 +1,8 @@
 """``python -m launch``: a Python without the project's packages gets one line saying where they are."""
 
-import importlib.util
-import sys
+from core.installed import require
 
-missing = next((m for m in ('click', 'jinja2', 'yaml') if importlib.util.find_spec(m) is None), None)
-if missing:
-    sys.stderr.write(f"error: {missing} is not installed in this Python ({sys.executable}): run `make setup` "
-                     "and use .venv/bin/launch, or `source .venv/bin/activate` first\n")
-    raise SystemExit(2)
+require("launch", ("click", "jinja2", "yaml"))
 
 from launch.cli import main  # noqa: E402
 

@@ -181,3 +181,17 @@ def test_lint_is_clean():
     res = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("program", ["train", "launch"])
+def test_an_entry_point_without_its_packages_is_one_line(program, tmp_path):
+    """``python -m train|launch`` in a Python that lacks a dependency: one line naming it and the
+    way to the project's environment, exit 2 (the check both entry points run first)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from core.installed import require; "
+            f"require({program!r}, ('click', 'no_such_module_for_this_test'))")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        f"error: no_such_module_for_this_test is not installed in this Python ({sys.executable}): run `make setup` "
+        f"and use .venv/bin/{program}, or `source .venv/bin/activate` first"]
