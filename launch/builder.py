@@ -93,8 +93,8 @@ def build(o: dict) -> Built:
     image = _image(o, profile)
     allow_nccl = bool(o.get("allow_undocumented_nccl"))
     host, port = parse_endpoint(o["rdzv_endpoint"], parse_port(o["rdzv_port"]))
-    # the job name as rendezvous id: its first 63 characters, alphanumeric at the end (run1- -> run1)
-    rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"]) if o["rdzv_id"] else name[:63].rstrip("._-"))
+    # the job name (at most 63 characters, parse_name) as rendezvous id, alphanumeric at the end: run1- -> run1
+    rdzv = Rendezvous(host, port, parse_rdzv_id(o["rdzv_id"]) if o["rdzv_id"] else name.rstrip("._-"))
 
     for arg in o["train_args"]:
         check_exec_string("training argument", arg)

@@ -157,7 +157,7 @@ def reject_nul(what: str, value: str) -> str:
     return value
 
 
-_CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", re.ASCII)
+CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", re.ASCII)
 
 
 def parse_name(value: str, rule: str = "container") -> str:
@@ -165,7 +165,7 @@ def parse_name(value: str, rule: str = "container") -> str:
     container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*, moby daemon/names), which Slurm's --job-name and the
     rendezvous id (at most 63 characters) take too."""
     if rule != "dns1035":
-        if not value or len(value) > 63 or not _CONTAINER_NAME.fullmatch(value):
+        if not value or len(value) > 63 or not CONTAINER_NAME.fullmatch(value):
             raise SpecError(f"--name {excerpt(value)}: at most 63 letters, digits, '_', '.' and '-', starting with a "
                             "letter or digit (a container and Slurm job name)")
         return value
@@ -270,8 +270,8 @@ def parse_rdzv_id(value: str) -> str:
 
 # docker/podman -v options (docs.docker.com bind mounts; podman-run(1) --volume): access, SELinux
 # relabel (z shared, Z private: RHEL/Fedora hosts need them), propagation, and docker's no-ops.
-MOUNT_OPTIONS = ("ro", "rw", "z", "Z", "shared", "slave", "private", "rshared", "rslave", "rprivate",
-                 "consistent", "cached", "delegated")
+PROPAGATION = ("shared", "slave", "private", "rshared", "rslave", "rprivate")
+MOUNT_OPTIONS = ("ro", "rw", "z", "Z", *PROPAGATION, "consistent", "cached", "delegated")
 
 
 def parse_mount(value: str) -> Mount:
@@ -279,7 +279,7 @@ def parse_mount(value: str) -> Mount:
     z/Z, one propagation); paths are absolute and free of ',' ':' and control characters."""
     parts = value.split(":")
     options = tuple(parts[2].split(",")) if len(parts) == 3 else ()
-    groups = (("ro", "rw"), ("z", "Z"), MOUNT_OPTIONS[4:10])
+    groups = (("ro", "rw"), ("z", "Z"), PROPAGATION)
     if (len(parts) not in (2, 3) or any(o not in MOUNT_OPTIONS for o in options) or len(set(options)) != len(options)
             or any(sum(o in g for o in options) > 1 for g in groups)):
         raise SpecError(f"--mount {excerpt(value)}: expected SRC:DST[:OPTIONS], OPTIONS comma-separated from "

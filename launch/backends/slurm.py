@@ -27,7 +27,7 @@ from launch.commandline import out_warnings, unused_warnings
 from launch.envnames import TORCHRUN_OWNED, Owned
 from launch.images import registry_host
 from launch.render import Quoted, Shell, render
-from launch.spec import SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
+from launch.spec import PROPAGATION, SAFE_TOKEN, JobSpec, parse_safe_token, quantity_value
 
 SLURM_JOB_ID = Shell('"$SLURM_JOB_ID"')  # the rendezvous id of every attempt of the job
 SLURM_OWNED = Owned(
@@ -222,7 +222,7 @@ def srun_flags(spec: JobSpec, opts: SlurmOptions) -> list[tuple[str, str]]:
         flags.append((f"--container-image={enroot_image(spec.image)}",
                       "pyxis/enroot: run torchrun inside the image (enroot's [USER@][REGISTRY#]IMAGE[:TAG])"))
         # pyxis: SRC:DST[:FLAGS], the flags (mount(8)'s: access, propagation) joined with '+'
-        enroot_flags = {"ro", "rw", "shared", "slave", "private", "rshared", "rslave", "rprivate"}
+        enroot_flags = {"ro", "rw", *PROPAGATION}
         for m in spec.mounts:
             if set(m.options) - enroot_flags:
                 raise SpecError(f"--mount {m.source}:{m.target}:{','.join(m.options)}: pyxis/enroot mounts take ro, rw "
