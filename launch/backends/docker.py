@@ -18,7 +18,7 @@ from launch.backends.shell import (
 from launch.commandline import out_warnings, unused_warnings
 from launch.envnames import TORCHRUN_OWNED
 from launch.render import render
-from launch.spec import JobSpec
+from launch.spec import CONTAINER_NAME, JobSpec
 
 DOCKER_BASE_FLAGS = (
     ("--rm", "remove the container when training exits"),
@@ -67,6 +67,7 @@ def render_job(job: Job, opts: DockerOptions = DockerOptions()) -> str:
     ctx.update(
         image=spec.image,
         job_name=spec.name,
+        container_name_re=f"^{CONTAINER_NAME.pattern}$",  # the rule --name was checked by, for the run-time override
         checkpoint_dir=spec.checkpoint_dir,
         grace_period_s=spec.grace_period_s,
         cpu=opts.cpu,

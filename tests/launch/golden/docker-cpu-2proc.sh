@@ -40,9 +40,10 @@ die() { printf 'launch-docker: error: %s\n' "$*" >&2; exit 2; }
 if ! [[ "$image_user" =~ ^[0-9]+:[0-9]+$ ]]; then
   die "LAUNCH_IMAGE_USER=$(printf %q "$image_user"): expected UID:GID in numbers, e.g. 1000:1000"
 fi
-# (the rendered name was checked when this script was rendered)
-if [[ -n "${LAUNCH_CONTAINER_NAME:-}" && ! "$LAUNCH_CONTAINER_NAME" =~ ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$ ]]; then
-  die "LAUNCH_CONTAINER_NAME=$(printf %q "$LAUNCH_CONTAINER_NAME"): a container name is [a-zA-Z0-9][a-zA-Z0-9_.-]*"
+# (the rendered name was checked when this script was rendered, by the same rule)
+container_name_re=$'^[a-zA-Z0-9][a-zA-Z0-9_.-]*$'
+if [[ -n "${LAUNCH_CONTAINER_NAME:-}" && ! "$LAUNCH_CONTAINER_NAME" =~ $container_name_re ]]; then
+  die "LAUNCH_CONTAINER_NAME=$(printf %q "$LAUNCH_CONTAINER_NAME"): a container name is $container_name_re"
 fi
 case "${LAUNCH_ROOTLESS:-}" in
   "" | 0 | 1) ;;
