@@ -2,9 +2,9 @@
 # One call on one GPU: 1b, torchtitan, then the defaults with a loss chunk of 8192 tokens (what the
 # plan chose before this folder) and of 4096. Carry .titan and .whl. Results under $OUT.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD"
+# shellcheck source=scripts/gpu/common.sh
+source scripts/gpu/common.sh  # multicast off, unbuffered Python, torchao from .whl/ on PYTHONPATH
+export OMP_NUM_THREADS=8
 nvidia-smi -L > "$OUT/gpus.txt"; nproc >> "$OUT/gpus.txt"
 trun=(python3 -m torch.distributed.run --standalone --nproc-per-node 1)
 sets=(--set data.source=synthetic --set train.log_every=1 --set checkpoint.final=false)
