@@ -183,7 +183,7 @@ def _fsdp_bf16_grads(rank, world, result_file):
             fully_shard(model, mp_policy=policy)
             x = [torch.randn(4, 16, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(2)]
             if how == "no_sync":
-                with _no_sync(model, transport):
+                with _no_sync(model):
                     model(x[1]).square().mean().backward()
             elif how == "direct":
                 model.set_requires_gradient_sync(False)

@@ -47,7 +47,7 @@ from train.parallel.bundle import Parallelized, clip_grad_norm
 from train.parallel.compile import apply_compile
 from train.parallel.dims import ParallelDims
 from train.parallel.mesh import build_mesh
-from train.parallel.symm_comm import GradTransport, apply_symm_mem
+from train.parallel.symm_comm import apply_symm_mem
 from train.parallel.tp import apply_tp
 from train.precision.amp import resolve_precision
 
@@ -87,8 +87,7 @@ def _set_prefetch(model: nn.Module, blocks: list[nn.Module], k: int) -> None:
 
 
 @contextlib.contextmanager
-def _no_sync(model, transport: GradTransport):
-    transport.accumulating()  # FSDP2 accumulates unsynced gradients in the reduce dtype
+def _no_sync(model):
     model.set_requires_gradient_sync(False)
     try:
         yield
@@ -96,7 +95,7 @@ def _no_sync(model, transport: GradTransport):
         model.set_requires_gradient_sync(True)
 
 
-def shard_model(model: nn.Module, fsdp_mesh, job, precision: str, spec=None) -> GradTransport:
+def shard_model(model: nn.Module, fsdp_mesh, job, precision: str, spec=None) -> None:
     """``fully_shard`` the embedding, each block and the output projection as units of
     their own (``spec.embedding``, ``spec.blocks``, ``spec.output``; None: in the root), then
     the root (final norm, and whatever the spec leaves there).
@@ -106,9 +105,7 @@ def shard_model(model: nn.Module, fsdp_mesh, job, precision: str, spec=None) -> 
     both (gathered weights and full-size gradients) through the whole step in the root.
     ``train.loss=chunked`` runs through the output module too (``Output.forward(h,
     targets)``), so its unit works the same way there. Tied weights (one parameter in the
-    embedding and the output) keep both in the root: a parameter belongs to one unit.
-    Returns the dtype record of the copy-engine reduce-scatter (``parallel.fsdp_symm_mem=all``),
-    which the bundle's ``no_sync`` widens."""
+    embedding and the output) keep both in the root: a parameter belongs to one unit."""
     from train.models.registry import spec_of
 
     spec = spec or spec_of(model)
@@ -136,9 +133,8 @@ def shard_model(model: nn.Module, fsdp_mesh, job, precision: str, spec=None) -> 
     fully_shard(model, reshard_after_forward=reshard_all, **kwargs)
     _set_prefetch(model, blocks, pcfg.fsdp_prefetch)
     units = [m for m in (embedding, *blocks, output, model) if m is not None]
-    transport = GradTransport(kwargs["mp_policy"].param_dtype)
-    apply_symm_mem(units, job, fsdp_mesh.device_type, fsdp_mesh.get_group(fsdp_mesh.ndim - 1), transport)
-    return transport
+    apply_symm_mem(units, job, fsdp_mesh.device_type, fsdp_mesh.get_group(fsdp_mesh.ndim - 1),
+                   kwargs["mp_policy"].param_dtype)
 
 
 def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims, spec=None):
@@ -154,7 +150,7 @@ def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims, spe
         apply_tp(model, mesh.tp_mesh, pcfg.sequence_parallel, pcfg.loss_parallel, spec)
     apply_ac(model, pcfg, spec)
     apply_compile(model, pcfg, spec)
-    transport = shard_model(model, mesh.fsdp_mesh, job, precision, spec)
+    shard_model(model, mesh.fsdp_mesh, job, precision, spec)
     if pcfg.cpu_offload:
         _materialize_offloaded(model, job.train.seed, info.device, spec)
     else:
@@ -162,7 +158,7 @@ def apply_fsdp(model: nn.Module, job, info, materialize, dims: ParallelDims, spe
 
     par = Parallelized(
         model=model, inner=model, dp_rank=mesh.dp_rank, dp_world=mesh.dp_world, mesh=mesh,
-        no_sync=lambda: _no_sync(model, transport),
+        no_sync=lambda: _no_sync(model),
     )
     if pcfg.cpu_offload:
         par.clip_grad_norm = clip_offloaded_grad_norm

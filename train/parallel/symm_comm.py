@@ -90,8 +90,9 @@ class GradTransport:
     own (``param_dtype``, bf16 in bf16 training; None: the reduce dtype). FSDP2 accumulates the
     gradients of unsynced micro-steps in the reduce dtype, so once gradient accumulation has begun
     they travel in the reduce dtype for the rest of the run: a bf16 buffer would round the
-    accumulated sums. :meth:`accumulating` is called by the bundle's ``no_sync``, and by the
-    all-gather of any unit whose gradients are not synced in its step (however that was set)."""
+    accumulated sums. :meth:`accumulating` is called by the all-gather of any unit whose gradients
+    are not synced in its step (the bundle's ``no_sync``, or ``set_requires_gradient_sync`` called
+    any other way): every unit all-gathers in forward, before its gradients exist."""
 
     def __init__(self, grad_dtype: torch.dtype | None):
         self.dtype = grad_dtype
@@ -273,10 +274,11 @@ def _why_not(device_type: str, group, native: bool) -> str | None:
     return None
 
 
-def apply_symm_mem(units: list, job, device_type: str, group, transport: GradTransport | None = None) -> bool:
+def apply_symm_mem(units: list, job, device_type: str, group, grad_dtype: torch.dtype | None = None) -> bool:
     """Put the FSDP2 units' collectives (``units`` in forward order) on symmetric-memory buffers
-    (:func:`resolved_mode`: all_gather | all). ``transport``: the dtype in which ``all``'s
-    reduce-scatter carries the gradients (it sums in the reduce dtype). Returns whether it
+    (:func:`resolved_mode`: all_gather | all). ``grad_dtype``: the unsharded gradients' dtype
+    (FSDP2's ``param_dtype``), in which ``all``'s reduce-scatter carries them while no gradient
+    accumulation has begun (:class:`GradTransport`; it sums in the reduce dtype). Returns whether it
     was applied; else the default collectives stay (one warning where the setting asked for it,
     silently under ``auto``)."""
     mode = resolved_mode(job, device_type)
@@ -291,7 +293,8 @@ def apply_symm_mem(units: list, job, device_type: str, group, transport: GradTra
         return False
     if not _symm_setup(mode, group):
         return False
-    if transport is not None and not syncs_gradients(units[0]):  # cannot tell: carry the reduce dtype
+    transport = GradTransport(grad_dtype)
+    if not syncs_gradients(units[0]):  # this torch does not say: carry the reduce dtype
         transport.accumulating()
     comms = None if native else _comm_classes()
     for unit in units:
