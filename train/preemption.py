@@ -22,10 +22,16 @@ log = logging.getLogger(__name__)
 def torchrun_kill_after_s() -> int | None:
     """Seconds torchrun waits after forwarding SIGTERM before it SIGKILLs the workers,
     when a worker can know it: 30 on torch without ``--shutdown-timeout`` (2.11 has
-    none), ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` on newer torch; None outside torchrun or
-    when only torchrun's command line knows."""
+    none), ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` on newer torch; None outside torchrun, when
+    torchrun does not handle SIGTERM (``--signals-to-handle`` without it, as the scripts
+    ``launch`` renders start it: they signal the workers themselves) or when only
+    torchrun's command line knows."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return None
+    for var in ("PET_SIGNALS_TO_HANDLE", "TORCHELASTIC_SIGNALS_TO_HANDLE"):
+        handled = os.environ.get(var)
+        if handled is not None and "SIGTERM" not in (s.strip() for s in handled.split(",")):
+            return None
     try:
         import inspect
 
@@ -79,8 +85,9 @@ class Preemption:
 
     One watcher per process; the most recently installed instance receives the signal."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, chosen: bool = True) -> None:
         self.grace_s = grace_s
+        self.chosen = chosen  # grace_s was set by the user (the default is not warned about)
         self.requested = False
         self.signum = 0  # the signal that set requested
         self.at = 0.0
@@ -95,7 +102,7 @@ class Preemption:
         for signum in PREEMPT_SIGNALS:
             signal.signal(signum, self._handler)
         kill_after = torchrun_kill_after_s()
-        if kill_after is not None and self.grace_s >= kill_after and os.environ.get("RANK", "0") == "0":
+        if kill_after is not None and self.chosen and self.grace_s >= kill_after and os.environ.get("RANK", "0") == "0":
             log.warning("torchrun SIGKILLs the workers %ds after it forwards SIGTERM, before "
                         "train.shutdown_grace_s=%gs runs out: a preemption checkpoint must finish within "
                         "%ds (raise TORCH_ELASTIC_SHUTDOWN_TIMEOUT where torch supports it)",

@@ -124,7 +124,8 @@ class Trainer:
         self.checkpointer = self._build_checkpointer()
         self._ckpt_written = False  # every rank's background checkpoint write has finished
         self.at_step: int | str = "resume"  # the step in progress (named in collective errors)
-        self.preemption = Preemption(job.train.shutdown_grace_s)
+        self.preemption = Preemption(job.train.shutdown_grace_s,
+                                     chosen="train.shutdown_grace_s" in getattr(job, "explicit_keys", ()))
         self.preemption.install()
         if should_resume(job, resume):
             self.checkpointer.resume()

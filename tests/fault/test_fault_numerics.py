@@ -123,3 +123,33 @@ def test_torchrun_kill_timeout_as_seen_by_a_worker(monkeypatch):
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "20")
     configurable = "shutdown_timeout" in inspect.signature(LaunchConfig).parameters
     assert torchrun_kill_after_s() == (20 if configurable else 30)  # torch 2.11 has no such setting
+    # the scripts launch renders start torchrun with --signals-to-handle without SIGTERM: it
+    # neither forwards a SIGTERM nor SIGKILLs the workers after one
+    monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGHUP,SIGQUIT")
+    assert torchrun_kill_after_s() is None
+    monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGHUP, SIGTERM")
+    assert torchrun_kill_after_s() == (20 if configurable else 30)
+
+
+def test_torchrun_kill_warning_only_for_a_chosen_grace(monkeypatch, caplog):
+    """The default train.shutdown_grace_s says nothing at every start; a grace the user set beyond
+    what torchrun allows is named."""
+    import signal
+
+    from train import preemption as pre
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("PET_SIGNALS_TO_HANDLE", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE", raising=False)
+    monkeypatch.setattr(pre, "torchrun_kill_after_s", lambda: 30)
+    saved = {s: signal.getsignal(s) for s in pre.PREEMPT_SIGNALS}
+    try:
+        with caplog.at_level("WARNING", logger="train.preemption"):
+            pre.Preemption(120, chosen=False).install()
+            assert "SIGKILLs" not in caplog.text
+            pre.Preemption(120, chosen=True).install()
+            assert "train.shutdown_grace_s=120s" in caplog.text
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
