@@ -75,6 +75,9 @@ Peak = max over the phases of a step:
                logits the trainer holds + one recomputed block + two residual gradients
     step       persistent + all gradients (optimizer step)
 
+With ``offload`` (FSDP2's ``CPUOffloadPolicy``) the parameters, gradients and optimizer state
+live in host memory: the GPU holds only the unsharded bf16 weights, activations and buffers.
+
 Checked on the CPU against torch.profiler's allocation timeline of a real step (equal
 without AC, within a few % with AC; tests/doctor) and on GPUs against
 ``torch.cuda.max_memory_allocated`` (``train doctor --measure``, scripts/gpu/doctor.sh).
@@ -145,6 +148,7 @@ class Plan:
     loss_parallel: bool = False  # TP: logits stay sharded over the vocabulary (parallel.loss_parallel)
     norm_fp32: bool = True  # CUDA autocast runs rms_norm in fp32 (torch >= 2.12; see train.compat)
     kv_repeated: bool = False  # K/V repeated to the query heads (no GQA kernel: see parallel.attention.native_gqa_kernel)
+    offload: bool = False  # FSDP2 CPU offload: fp32 params, gradients and optimizer state in host memory
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -159,6 +163,8 @@ class Plan:
             raise ValueError("tp > 1 needs strategy='tp'")
         if self.strategy == "single" and self.gpus != 1:
             raise ValueError("strategy='single' means one GPU")
+        if self.offload and self.strategy != "fsdp":
+            raise ValueError("offload needs strategy='fsdp'")
 
     @property
     def shard(self) -> int:
@@ -363,14 +369,15 @@ def _weights(s: _Sizes, plan: Plan, ckpt_blocks: list[int]) -> tuple[int, int, C
 
 
 def _recompute(j: int, cfg: ModelConfig, s: _Sizes, act: _Activations, ckpt_blocks: list[int],
-               grads_kept: bool) -> int:
+               grads_elsewhere: bool) -> int:
     """Backward at checkpointed block j (recomputing it), beyond persistent state and weights:
-    blocks above j are done (their activations freed, their gradients written), the loss and
-    head buffers are gone (the trainer still holds the logits), blocks below j keep what they
-    saved, and two residual-stream gradients are in flight."""
+    blocks above j are done (their activations freed, their gradients written: not counted here
+    where ``grads_elsewhere``, DDP's kept gradients or host-resident ones), the loss and head
+    buffers are gone (the trainer still holds the logits), blocks below j keep what they saved,
+    and two residual-stream gradients are in flight."""
     below = _below(ckpt_blocks, j)
     saved = (below + 1) * act.block_input + (j - below) * act.per_block + act.tokens
-    written = 0 if grads_kept else 4 * (s.out + s.norm + (cfg.n_layers - j) * s.block)  # incl. block j
+    written = 0 if grads_elsewhere else 4 * (s.out + s.norm + (cfg.n_layers - j) * s.block)  # incl. block j
     return saved + act.logits + act.per_block + act.grad_flow + written
 
 
@@ -397,9 +404,9 @@ def estimate(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> Mem
     if batch < 1 or seq < 1:
         raise ValueError("batch and seq must be >= 1")
     s = _sizes(cfg, plan)
-    params = grads = 4 * s.local
+    params = grads = 0 if plan.offload else 4 * s.local
     buffers = rope_bytes(cfg, seq)
-    optimizer = 8 * s.local + 4 * s.tensors
+    optimizer = 0 if plan.offload else 8 * s.local + 4 * s.tensors
     ckpt_blocks = _checkpointed(cfg, plan)
     act = _activations(cfg, batch, seq, plan, len(ckpt_blocks))
     w_fwd, w_bwd, w_rec, fsdp_buffers = _weights(s, plan, ckpt_blocks)
@@ -413,7 +420,8 @@ def estimate(cfg: ModelConfig, batch: int, seq: int, plan: Plan = Plan()) -> Mem
     }
     if ckpt_blocks:
         phases["recompute"] = max(
-            persistent + grads_kept + w_rec(j) + fsdp_buffers + _recompute(j, cfg, s, act, ckpt_blocks, bool(grads_kept))
+            persistent + grads_kept + w_rec(j) + fsdp_buffers
+            + _recompute(j, cfg, s, act, ckpt_blocks, bool(grads_kept) or plan.offload)
             for j in ckpt_blocks
         )
     return MemoryEstimate(

@@ -34,13 +34,18 @@ The rules (each one measured: docs/plan.md):
 * ``parallel.recompute_param_casts``: on for a compiled run on one GPU (the blocks cast the fp32
   weights themselves there: recasting them in backward instead of saving the bf16 copies is 2
   bytes per parameter less memory for about 0.5% of the step).
+* ``parallel.cpu_offload``: on (FSDP2's ``CPUOffloadPolicy``) where even AC on every block does
+  not fit the card by the memory model's peak while the node's memory holds every local rank's
+  parameters, gradients and optimizer state (at most :data:`OFFLOAD_HOST_FRACTION` of it): 8b on
+  one 80 GB card. The rest of the plan then sees only what stays on the GPU. Where neither holds
+  the state, the run stops before building the model (:attr:`PlanResult.problem`).
 * ``checkpoint.async_save``: on where the node's host memory holds every local rank's staged
-  state twice over.
+  state twice over (with CPU offload: twice over beside the offloaded state).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from train.memory import GiB, block_activation_bytes, estimate
@@ -60,6 +65,7 @@ PLAN_KEYS = (
     "fp8.fsdp_float8_all_gather",
     "checkpoint.async_save",
     "parallel.recompute_param_casts",
+    "parallel.cpu_offload",
 )
 
 # The allocator's reserved memory must stay this far below the card's total. 2xH100 80GB
@@ -96,6 +102,10 @@ BUDGET_BLOCK_FRACTION = 6 / 16
 # Async checkpoints stage the state in pinned host memory: only where the node's ranks' states
 # take at most this fraction of its memory.
 ASYNC_HOST_FRACTION = 0.5
+# CPU offload pins every local rank's fp32 parameters, gradients and AdamW moments in host
+# memory: only where they take at most this fraction of it (the rest: the processes, the data
+# loader, the page cache).
+OFFLOAD_HOST_FRACTION = 0.75
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,7 @@ class PlanInputs:
     local_world: int = 1  # ranks on this node
     symm_auto: str = "none"  # what parallel.fsdp_symm_mem=auto resolves to here
     norm_fp32: bool = False  # autocast runs rms_norm in fp32 (train.compat)
+    cpu_offload: bool = False  # the job's parallel.cpu_offload
     explicit: frozenset[str] = frozenset()  # keys the job set itself: never changed
 
 
@@ -164,7 +175,9 @@ def layout(inputs: PlanInputs, ac: str | None = None) -> Layout:
     """The memory model's layout for these inputs (AC ``ac``, default the job's)."""
     mode = ac or inputs.ac
     mode = mode if mode in ("none", "full", "selective") else "full"
-    if inputs.world == 1:
+    if inputs.cpu_offload:  # through fully_shard, one GPU too
+        strategy, gpus = "fsdp", inputs.dp_shard
+    elif inputs.world == 1:
         strategy, gpus = "single", 1
     elif inputs.strategy == "fsdp" and inputs.tp > 1:
         strategy, gpus = "tp", inputs.dp_shard * inputs.tp
@@ -173,7 +186,8 @@ def layout(inputs: PlanInputs, ac: str | None = None) -> Layout:
     else:
         strategy, gpus = "ddp", inputs.world
     return Layout(strategy=strategy, gpus=gpus, tp=inputs.tp, ac=mode,
-                  precision="fp32" if inputs.precision == "fp32" else "bf16", norm_fp32=inputs.norm_fp32)
+                  precision="fp32" if inputs.precision == "fp32" else "bf16", norm_fp32=inputs.norm_fp32,
+                  offload=inputs.cpu_offload)
 
 
 def loss_chunk(vocab: int, world: int = 2) -> int:
@@ -188,12 +202,20 @@ def loss_chunk(vocab: int, world: int = 2) -> int:
 def ac_skip(inputs: PlanInputs, budget: int) -> tuple[int, str]:
     """How many of the last blocks to leave out of AC, and why."""
     cfg = inputs.model
+    fp8 = inputs.fp8 != "none"
+    if inputs.cpu_offload:  # no state on the card: the step's activations are the peak
+        reserved = int(estimate(cfg, inputs.batch, inputs.seq, layout(inputs, "none")).peak
+                       * RESERVED_OVER_STEP["fp8" if fp8 else "bf16"])
+        if reserved <= budget:
+            return cfg.n_layers, (f"AC off every block (all {cfg.n_layers} fit beside the offloaded state: "
+                                  f"reserved est {reserved / GiB:.1f} of {budget / GiB:.1f} GiB)")
+        return 0, (f"AC on every block (without it reserved est {reserved / GiB:.1f} of "
+                   f"{budget / GiB:.1f} GiB)")
     lay = layout(inputs)
     est = estimate(cfg, inputs.batch, inputs.seq, lay)
     logits = (2 if lay.precision == "bf16" else 4) * inputs.batch * inputs.seq * cfg.vocab_size
     a_in = lay.residual_bytes * cfg.dim * inputs.batch * inputs.seq // inputs.tp
     a_block = block_activation_bytes(cfg, inputs.batch, inputs.seq, lay)
-    fp8 = inputs.fp8 != "none"
     extra = max(1, int(a_block * (FP8_ACTIVATION_FRACTION if fp8 else 1.0)) - a_in)  # one block left out
     step = est.phases["step"]
     slack = step - (est.phases["forward"] - logits)  # what fits under the end-of-backward peak
@@ -232,14 +254,50 @@ def _fsdp_no_ac(inputs: PlanInputs, res: PlanResult) -> None:
         res.reasons.append(f"activation budget {BUDGET} on the first {budgeted} blocks")
 
 
+def _state_bytes(inputs: PlanInputs) -> int:
+    """One rank's fp32 parameters, gradients and AdamW moments."""
+    return 16 * param_count(inputs.model) // max(1, inputs.dp_shard if inputs.strategy == "fsdp" else 1)
+
+
+def _offload(inputs: PlanInputs, res: PlanResult) -> PlanInputs:
+    """``parallel.cpu_offload`` where the state cannot stay on the card but the host holds it
+    (the inputs the rest of the plan sees: with the offload); a stop where neither holds it."""
+    if inputs.cpu_offload or inputs.strategy != "fsdp":
+        return inputs
+    full = estimate(inputs.model, inputs.batch, inputs.seq, layout(inputs, "full"))
+    if full.peak <= res.budget_bytes:
+        return inputs
+    state = _state_bytes(inputs)
+    host = state * inputs.local_world
+    where = (f"{inputs.model.name} {inputs.batch}x{inputs.seq} on {inputs.world} GPU(s): even AC on every "
+             f"block needs {full.peak / GiB:.1f} GiB of the {res.budget_bytes / GiB:.1f} GiB budget")
+    usable = (inputs.tp == 1 and inputs.fp8_backend != "te" and "parallel.fsdp_symm_mem" not in inputs.explicit
+              and inputs.host_bytes and host <= OFFLOAD_HOST_FRACTION * inputs.host_bytes)
+    if usable and _set(res, inputs, "parallel.cpu_offload", True):
+        res.reasons.append(f"parameters, gradients and optimizer state in host memory ({where}; "
+                           f"{host / GiB:.0f} of {inputs.host_bytes / GiB:.0f} GiB host)")
+        return replace(inputs, cpu_offload=True)
+    seen = min(inputs.total_bytes, inputs.free_bytes + OWN_BYTES) if inputs.free_bytes else inputs.total_bytes
+    if full.params + full.grads + full.optimizer > seen:  # cannot fit the card whatever the plan
+        hint = (f"parallel.cpu_offload=true needs {host / OFFLOAD_HOST_FRACTION / GiB:.0f} GiB of host memory, "
+                f"this node has {inputs.host_bytes / GiB:.0f}" if inputs.tp == 1 and inputs.fp8_backend != "te"
+                else "parallel.cpu_offload=true is not available with parallel.tp > 1 or fp8.backend=te")
+        res.problem = (f"{where}: its parameters, gradients and optimizer state alone take "
+                       f"{state / GiB:.1f} GiB of the card's {seen / GiB:.1f} GiB; use more GPUs (FSDP2 divides "
+                       f"the state among them; {hint})")
+    return inputs
+
+
 def _checkpoint(inputs: PlanInputs, res: PlanResult) -> None:
-    state = 16 * param_count(inputs.model) // max(1, inputs.dp_shard if inputs.strategy == "fsdp" else 1)
+    state = _state_bytes(inputs)
     staged = state * inputs.local_world
-    if inputs.host_bytes and staged <= ASYNC_HOST_FRACTION * inputs.host_bytes:
+    host = inputs.host_bytes - (staged if res.values.get("parallel.cpu_offload", inputs.cpu_offload) else 0)
+    if inputs.host_bytes and staged <= ASYNC_HOST_FRACTION * host:
         if _set(res, inputs, "checkpoint.async_save", True):
             res.reasons.append(f"async checkpoints ({staged / GiB:.0f} of {inputs.host_bytes / GiB:.0f} GiB host)")
     elif _open(inputs, "checkpoint.async_save"):
-        res.reasons.append(f"checkpoints synchronous ({staged / GiB:.0f} GiB staged over half the host's memory)")
+        left = " the offload leaves" if host < inputs.host_bytes else ""
+        res.reasons.append(f"checkpoints synchronous ({staged / GiB:.0f} GiB staged over half the host's memory{left})")
 
 
 def plan(inputs: PlanInputs) -> PlanResult:
@@ -262,6 +320,7 @@ def plan(inputs: PlanInputs) -> PlanResult:
             res.reasons.append(f"loss chunked by {chunk} tokens")
         else:
             res.reasons.append("loss chunked")
+    inputs = _offload(inputs, res)
     no_ac = inputs.ac == "none"
     if inputs.ac != "none" and _open(inputs, "parallel.ac_skip_last"):
         k, why = ac_skip(inputs, res.budget_bytes)
@@ -272,9 +331,10 @@ def plan(inputs: PlanInputs) -> PlanResult:
             res.problem = (f"fp8.backend=te: {inputs.model.name} {inputs.batch}x{inputs.seq} on {inputs.world} GPU(s) "
                            f"needs activation checkpointing here ({why}), which Transformer Engine layers do not "
                            "support: use fp8.backend=torchao, more GPUs or a smaller train.batch_size")
-    if no_ac and inputs.strategy == "fsdp" and inputs.world > 1 and inputs.tp == 1:
+    if no_ac and inputs.strategy == "fsdp" and inputs.world > 1 and inputs.tp == 1 and not inputs.cpu_offload:
         _fsdp_no_ac(inputs, res)
-    if compiled and inputs.world == 1 and _set(res, inputs, "parallel.recompute_param_casts", True):
+    if compiled and inputs.world == 1 and not inputs.cpu_offload \
+            and _set(res, inputs, "parallel.recompute_param_casts", True):
         res.reasons.append("weight casts recomputed in backward")
     one_node = inputs.local_world >= inputs.world  # NVLink: the bf16 all-gather's extra bytes are cheap
     if inputs.fp8 == "tensorwise" and inputs.strategy == "fsdp" and 1 < inputs.world and one_node:

@@ -133,6 +133,20 @@ def test_fsdp_shards_params_grads_optimizer_by_n(n):
     assert fsdp.peak < ddp.peak
 
 
+@pytest.mark.parametrize("ac", ["none", "full"])
+def test_offload_leaves_only_weights_activations_and_buffers_on_the_gpu(ac):
+    """FSDP2's CPU offload: the fp32 parameters, gradients and optimizer state are host memory;
+    every other term is the same as without it."""
+    cfg = MODEL_PRESETS["8b"]
+    on, off = (estimate(cfg, 4, 2048, Plan("fsdp", 1, ac=ac, offload=o)) for o in (True, False))
+    assert on.params == on.grads == on.optimizer == 0
+    assert (on.activations, on.weights_forward, on.fsdp_buffers) == (off.activations, off.weights_forward, off.fsdp_buffers)
+    assert on.phases["step"] == on.buffers
+    assert off.peak - on.peak >= off.params + off.optimizer  # the gradients too, at least where they peak
+    with pytest.raises(ValueError, match="offload"):
+        Plan("ddp", 2, offload=True)
+
+
 def test_activation_checkpointing_lowers_activations_and_peak():
     for preset in ("debug", "1b", "8b"):
         cfg = MODEL_PRESETS[preset]

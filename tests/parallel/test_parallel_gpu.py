@@ -39,6 +39,15 @@ def test_gpu_fsdp_variants_train_on_2_gpus(tmp_path, extra):
 
 
 @pytest.mark.gpu
+def test_gpu_one_process_offloaded_and_compiled_trains(tmp_path):
+    """parallel.cpu_offload on one GPU (the plan's choice where the state does not fit the card):
+    fully_shard on a one-rank mesh with the state in host memory, the blocks compiled."""
+    res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run")]
+                    + sets("parallel.strategy=fsdp", "parallel.cpu_offload=true", "parallel.compile=true"))
+    assert_learns(res, tmp_path / "run")
+
+
+@pytest.mark.gpu
 def test_gpu_one_process_compiled_trains(tmp_path):
     res = train_cli(GPU_RUN + ["--out", str(tmp_path / "run")] + sets("parallel.compile=true"))
     assert_learns(res, tmp_path / "run")

@@ -79,9 +79,10 @@ def test_8b_no_ac_settings_follow_the_job():
 
 @pytest.mark.parametrize("card", [H100, H200])
 def test_8b_one_and_eight_gpus(card):
-    one = plan(inputs("8b", 1, card))
-    assert one.values["parallel.ac_skip_last"] == 0
-    assert any("AC on every block" in r and "over the" in r for r in one.reasons)  # 8b does not fit one card
+    one = plan(inputs("8b", 1, H200))
+    assert one.values["parallel.ac_skip_last"] == 0 and "parallel.cpu_offload" not in one.values
+    # the reserved estimate is over the budget, the peak (122 GiB; 120.7 measured) is not: no offload
+    assert any("AC on every block" in r and "over the" in r for r in one.reasons)
     eight = plan(inputs("8b", 8, card))
     assert eight.values["parallel.ac_skip_last"] >= 0 and eight.values["parallel.compile"] is True
     # the reserved-memory bound only ever lowers the count: a smaller card never gets more blocks
@@ -298,3 +299,45 @@ def test_transformer_engine_keeps_compile_off_and_every_block_out_of_ac():
     assert not one.problem and one.values["parallel.compile"] is False
     # torchao is untouched
     assert plan(inputs("8b", 2, H100, "tensorwise", fp8_backend="torchao")).values["parallel.compile"] is True
+
+
+def test_8b_one_80gb_card_offloads_the_state_where_the_host_holds_it():
+    """8b on one 80 GB card: even AC on every block needs 122 GiB, so parameters, gradients and
+    optimizer state go to host memory (FSDP2's CPUOffloadPolicy) and the rest of the plan sees only
+    the GPU's share; without the host memory for it the run stops with one line before the model
+    exists; an H200 keeps the state on the card."""
+    big = inputs("8b", 1, H100, host_bytes=512 * GiB)
+    res = plan(big)
+    assert res.values["parallel.cpu_offload"] is True and not res.problem
+    assert res.values["parallel.ac_skip_last"] == 32  # nothing resident: every block's activations fit
+    assert "parallel.recompute_param_casts" not in res.values  # fully_shard, not the one-GPU casts
+    assert res.values["checkpoint.async_save"] is True  # 120 staged + 120 offloaded of 512 GiB
+    line = res.line(big)
+    assert "in host memory" in line and "122.0 GiB of the 76.2 GiB budget" in line and "120 of 512 GiB host" in line
+    # a host that cannot hold it twice over beside the offload: synchronous checkpoints
+    res = plan(inputs("8b", 1, H100, host_bytes=200 * GiB))
+    assert res.values["parallel.cpu_offload"] is True and "checkpoint.async_save" not in res.values
+    assert any("the offload leaves" in r for r in res.reasons)
+    # the device machines' 126 GiB host cannot hold 120 GiB pinned: stop, naming both memories
+    small = plan(inputs("8b", 1, H100, host_bytes=126 * GiB))
+    assert "parallel.cpu_offload" not in small.values
+    assert "119.7 GiB of the card's 79.2 GiB" in small.problem and "this node has 126" in small.problem
+    assert "\n" not in small.problem
+    # the job's own value wins: offload off stops (it cannot fit), offload on is planned around
+    job = dataclasses.replace(big, explicit=big.explicit | {"parallel.cpu_offload"})
+    assert "parallel.cpu_offload" not in plan(job).values and "use more GPUs" in plan(job).problem
+    on = plan(dataclasses.replace(job, cpu_offload=True))
+    assert not on.problem and on.values["parallel.ac_skip_last"] == 32
+    # where the state fits: no offload (8b on one H200, on two H100s; 1b and 3b on one H100)
+    for args in (("8b", 1, H200), ("8b", 2, H100), ("1b", 1, H100), ("3b", 1, H100)):
+        res = plan(inputs(*args, host_bytes=512 * GiB))
+        assert "parallel.cpu_offload" not in res.values and not res.problem, args
+
+
+def test_offload_for_a_card_mostly_used_by_another_process():
+    """The plan reads the card's free memory: 3b on an H200 with 40 GiB free offloads (the
+    device run of docs/plan.md emulates a smaller card so)."""
+    res = plan(inputs("3b", 1, H200, free_bytes=40 * GiB, host_bytes=126 * GiB))
+    assert res.values["parallel.cpu_offload"] is True
+    assert res.values["parallel.ac_skip_last"] == 28
+    assert "parallel.cpu_offload" not in plan(inputs("3b", 1, H200, host_bytes=126 * GiB)).values

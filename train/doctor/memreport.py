@@ -65,7 +65,8 @@ def plan_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | 
         fp8_backend=job.fp8.backend,
         total_bytes=gpu_bytes or 0, capability=capability or (9, 0), host_bytes=host, local_world=gpus,
         symm_auto="all_gather" if job.parallel.strategy == "fsdp" and gpus > 1 else "none",
-        norm_fp32=rms_norm_fp32_in_autocast(torch_version), explicit=job.explicit_keys,
+        norm_fp32=rms_norm_fp32_in_autocast(torch_version), cpu_offload=job.parallel.cpu_offload,
+        explicit=job.explicit_keys,
     )
     result = plan(inputs)
     line = result.line(inputs) + (f" -- would stop: {result.problem}" if result.problem else "")
