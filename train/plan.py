@@ -34,11 +34,13 @@ The rules (each one measured: docs/plan.md):
 * ``parallel.recompute_param_casts``: on for a compiled run on one GPU (the blocks cast the fp32
   weights themselves there: recasting them in backward instead of saving the bf16 copies is 2
   bytes per parameter less memory for about 0.5% of the step).
-* ``parallel.cpu_offload``: on (FSDP2's ``CPUOffloadPolicy``) where even AC on every block does
-  not fit the card by the memory model's peak while the node's memory holds every local rank's
-  parameters, gradients and optimizer state (at most :data:`OFFLOAD_HOST_FRACTION` of it): 8b on
-  one 80 GB card. The rest of the plan then sees only what stays on the GPU. Where neither holds
-  the state, the run stops before building the model (:attr:`PlanResult.problem`).
+* ``parallel.cpu_offload``: on (FSDP2's ``CPUOffloadPolicy``, ``parallel.tp`` = 1) where the step
+  does not fit the card by the memory model's peak even with AC on every block (with AC off where
+  the job has it off) while the node's memory holds every local rank's parameters, gradients and
+  optimizer state (at most :data:`OFFLOAD_HOST_FRACTION` of it): 8b on one 80 GB card; FP8
+  weights are then all-gathered in bf16. The rest of the plan sees only what stays on the GPU.
+  Where the state alone fits neither, the run stops before building the model
+  (:attr:`PlanResult.problem`).
 * ``checkpoint.async_save``: on where the node's host memory holds every local rank's staged
   state twice over (with CPU offload: twice over beside the offloaded state).
 """
@@ -133,6 +135,7 @@ class PlanInputs:
     symm_auto: str = "none"  # what parallel.fsdp_symm_mem=auto resolves to here
     norm_fp32: bool = False  # autocast runs rms_norm in fp32 (train.compat)
     cpu_offload: bool = False  # the job's parallel.cpu_offload
+    fsdp_symm_mem: str = "auto"  # the job's parallel.fsdp_symm_mem
     explicit: frozenset[str] = frozenset()  # keys the job set itself: never changed
 
 
@@ -256,7 +259,20 @@ def _fsdp_no_ac(inputs: PlanInputs, res: PlanResult) -> None:
 
 def _state_bytes(inputs: PlanInputs) -> int:
     """One rank's fp32 parameters, gradients and AdamW moments."""
-    return 16 * param_count(inputs.model) // max(1, inputs.dp_shard if inputs.strategy == "fsdp" else 1)
+    return 16 * param_count(inputs.model) // max(1, inputs.dp_shard * inputs.tp if inputs.strategy == "fsdp" else 1)
+
+
+def offload_unavailable(strategy: str, tp: int, fp8_backend: str, fsdp_symm_mem: str) -> str:
+    """Why FSDP2's CPU offload cannot serve a job with these settings ("" where it can)."""
+    if strategy != "fsdp":
+        return "parallel.cpu_offload needs parallel.strategy=fsdp"
+    if tp > 1:
+        return "parallel.cpu_offload is not available with parallel.tp > 1"
+    if fp8_backend == "te":
+        return "parallel.cpu_offload is not planned with fp8.backend=te"
+    if fsdp_symm_mem in ("all_gather", "all"):
+        return f"parallel.cpu_offload is not available with parallel.fsdp_symm_mem={fsdp_symm_mem}"
+    return ""
 
 
 def _offload(inputs: PlanInputs, res: PlanResult) -> PlanInputs:
@@ -264,27 +280,34 @@ def _offload(inputs: PlanInputs, res: PlanResult) -> PlanInputs:
     (the inputs the rest of the plan sees: with the offload); a stop where neither holds it."""
     if inputs.cpu_offload or inputs.strategy != "fsdp":
         return inputs
-    full = estimate(inputs.model, inputs.batch, inputs.seq, layout(inputs, "full"))
+    mode = "none" if inputs.ac == "none" else "full"
+    full = estimate(inputs.model, inputs.batch, inputs.seq, layout(inputs, mode))
     if full.peak <= res.budget_bytes:
         return inputs
-    state = _state_bytes(inputs)
+    state = full.params + full.grads + full.optimizer  # this rank's, on the card
     host = state * inputs.local_world
-    where = (f"{inputs.model.name} {inputs.batch}x{inputs.seq} on {inputs.world} GPU(s): even AC on every "
-             f"block needs {full.peak / GiB:.1f} GiB of the {res.budget_bytes / GiB:.1f} GiB budget")
-    usable = (inputs.tp == 1 and inputs.fp8_backend != "te" and "parallel.fsdp_symm_mem" not in inputs.explicit
-              and inputs.host_bytes and host <= OFFLOAD_HOST_FRACTION * inputs.host_bytes)
-    if usable and _set(res, inputs, "parallel.cpu_offload", True):
+    step = "even AC on every block" if mode == "full" else "the step (AC off)"
+    where = (f"{inputs.model.name} {inputs.batch}x{inputs.seq} on {inputs.world} GPU(s): {step} "
+             f"needs {full.peak / GiB:.1f} GiB of the {res.budget_bytes / GiB:.1f} GiB budget")
+    blocked = offload_unavailable(inputs.strategy, inputs.tp, inputs.fp8_backend, inputs.fsdp_symm_mem)
+    if not blocked and not _open(inputs, "parallel.cpu_offload"):
+        blocked = "parallel.cpu_offload=false is set"
+    if not blocked and not inputs.host_bytes:
+        blocked = "this node's memory is not known, for parallel.cpu_offload"
+    if not blocked and host > OFFLOAD_HOST_FRACTION * inputs.host_bytes:
+        blocked = (f"parallel.cpu_offload=true needs {host / OFFLOAD_HOST_FRACTION / GiB:.0f} GiB of host memory, "
+                   f"this node has {inputs.host_bytes / GiB:.0f}")
+    if not blocked:
+        res.values["parallel.cpu_offload"] = True
         res.reasons.append(f"parameters, gradients and optimizer state in host memory ({where}; "
                            f"{host / GiB:.0f} of {inputs.host_bytes / GiB:.0f} GiB host)")
+        if inputs.fp8 == "tensorwise" and _set(res, inputs, "fp8.fsdp_float8_all_gather", False):
+            res.reasons.append("FP8 weights all-gathered in bf16 (their scales need the weights on the GPU)")
         return replace(inputs, cpu_offload=True)
     seen = min(inputs.total_bytes, inputs.free_bytes + OWN_BYTES) if inputs.free_bytes else inputs.total_bytes
-    if full.params + full.grads + full.optimizer > seen:  # cannot fit the card whatever the plan
-        hint = (f"parallel.cpu_offload=true needs {host / OFFLOAD_HOST_FRACTION / GiB:.0f} GiB of host memory, "
-                f"this node has {inputs.host_bytes / GiB:.0f}" if inputs.tp == 1 and inputs.fp8_backend != "te"
-                else "parallel.cpu_offload=true is not available with parallel.tp > 1 or fp8.backend=te")
-        res.problem = (f"{where}: its parameters, gradients and optimizer state alone take "
-                       f"{state / GiB:.1f} GiB of the card's {seen / GiB:.1f} GiB; use more GPUs (FSDP2 divides "
-                       f"the state among them; {hint})")
+    if state > seen:  # cannot fit the card whatever the plan
+        res.problem = (f"{where}: its parameters, gradients and optimizer state alone take {state / GiB:.1f} GiB "
+                       f"of the card's {seen / GiB:.1f} GiB; shard them over more GPUs ({blocked})")
     return inputs
 
 
@@ -337,7 +360,8 @@ def plan(inputs: PlanInputs) -> PlanResult:
             and _set(res, inputs, "parallel.recompute_param_casts", True):
         res.reasons.append("weight casts recomputed in backward")
     one_node = inputs.local_world >= inputs.world  # NVLink: the bf16 all-gather's extra bytes are cheap
-    if inputs.fp8 == "tensorwise" and inputs.strategy == "fsdp" and 1 < inputs.world and one_node:
+    if inputs.fp8 == "tensorwise" and inputs.strategy == "fsdp" and 1 < inputs.world and one_node \
+            and "fp8.fsdp_float8_all_gather" not in res.values:
         if _set(res, inputs, "fp8.fsdp_float8_all_gather", False):
             res.reasons.append("FP8 weights all-gathered in bf16")
     _checkpoint(inputs, res)

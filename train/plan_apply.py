@@ -74,6 +74,7 @@ def gather_inputs(job: JobConfig, info: tdist.DistInfo, dims) -> PlanInputs:
         total_bytes=total, free_bytes=free, capability=tuple(capability), host_bytes=host,
         local_world=tdist.env_int("LOCAL_WORLD_SIZE", info.world_size), symm_auto=symm,
         norm_fp32=rms_norm_fp32_in_autocast(torch.__version__), cpu_offload=job.parallel.cpu_offload,
+        fsdp_symm_mem=job.parallel.fsdp_symm_mem,
         explicit=frozenset(getattr(job, "explicit_keys", frozenset())),
     )
 

@@ -28,10 +28,11 @@ def torchrun_kill_after_s() -> int | None:
     torchrun's command line knows."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return None
-    for var in ("PET_SIGNALS_TO_HANDLE", "TORCHELASTIC_SIGNALS_TO_HANDLE"):
-        handled = os.environ.get(var)
-        if handled is not None and "SIGTERM" not in (s.strip() for s in handled.split(",")):
-            return None
+    # what torchrun handles: it exports TORCHELASTIC_SIGNALS_TO_HANDLE to the workers where it
+    # reads --signals-to-handle; PET_SIGNALS_TO_HANDLE is that option's environment form
+    handled = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", os.environ.get("PET_SIGNALS_TO_HANDLE"))
+    if handled is not None and "SIGTERM" not in (s.strip() for s in handled.split(",")):
+        return None
     try:
         import inspect
 

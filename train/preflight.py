@@ -20,6 +20,7 @@ from train.memory import floor_bytes
 from train.models.registry import param_count
 from train.parallel.config import check_offload_device
 from train.parallel.dims import ParallelDims
+from train.plan import offload_unavailable
 from train.precision.fp8 import check_float8
 
 # gradient-accumulation micro-batches per optimizer step beyond which global_batch_size is a typo
@@ -69,6 +70,8 @@ def check_fits(job: JobConfig, dims: ParallelDims) -> None:
     where, total = device_memory(job)
     if sum(parts.values()) <= total:
         return
+    if may_offload(job, dims) and parts["params"] <= host_memory_bytes():
+        return  # the plan may keep the parameters in host memory (train.plan: parallel.cpu_offload)
     gib = {k: f"{v / 2**30:.4g} GiB" for k, v in parts.items()}
     if parts["params"] >= parts["rope"] + parts["hidden"]:
         params = param_count(m)
@@ -84,6 +87,13 @@ def check_fits(job: JobConfig, dims: ParallelDims) -> None:
         f"({gib['params']}), are more than all {total / 2**30:.4g} GiB of {where}: use a shorter sequence or a "
         "smaller micro-batch"
     )
+
+
+def may_offload(job: JobConfig, dims: ParallelDims) -> bool:
+    """Whether the automatic plan may still choose ``parallel.cpu_offload`` for this job on a GPU."""
+    pcfg = job.parallel
+    return (job.train.device != "cpu" and "parallel.cpu_offload" not in getattr(job, "explicit_keys", ())
+            and not offload_unavailable(pcfg.strategy, dims.tp, job.fp8.backend, pcfg.fsdp_symm_mem))
 
 
 def host_memory_bytes() -> int:

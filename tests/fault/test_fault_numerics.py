@@ -125,10 +125,17 @@ def test_torchrun_kill_timeout_as_seen_by_a_worker(monkeypatch):
     assert torchrun_kill_after_s() == (20 if configurable else 30)  # torch 2.11 has no such setting
     # the scripts launch renders start torchrun with --signals-to-handle without SIGTERM: it
     # neither forwards a SIGTERM nor SIGKILLs the workers after one
+    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE", raising=False)
     monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGHUP,SIGQUIT")
     assert torchrun_kill_after_s() is None
     monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGHUP, SIGTERM")
     assert torchrun_kill_after_s() == (20 if configurable else 30)
+    # what torchrun exports to its workers is what it handles (its command line wins over PET_)
+    monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGHUP")
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT")
+    assert torchrun_kill_after_s() == (20 if configurable else 30)
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGHUP,SIGQUIT")
+    assert torchrun_kill_after_s() is None
 
 
 def test_torchrun_kill_warning_only_for_a_chosen_grace(monkeypatch, caplog):

@@ -116,19 +116,21 @@ def _fsdp_grads(rank, world, result_file):
     symmetric memory needs CUDA): the sharded gradients of both."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh("cpu", (world,))  # gloo, on a machine with GPUs too
     all_gather, reduce_scatter = symm_comm._make_comms()["plain"]
     grads = {}
     for custom in (False, True):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
         for layer in model:
-            fully_shard(layer)
+            fully_shard(layer, mesh=mesh)
             if custom:
                 layer.set_custom_all_gather(all_gather(layer))
                 layer.set_custom_reduce_scatter(reduce_scatter(world))
-        fully_shard(model)
+        fully_shard(model, mesh=mesh)
         x = torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))
         model(x).square().mean().backward()
         grads[custom] = {n: p.grad.to_local().clone() for n, p in model.named_parameters()}
@@ -156,10 +158,12 @@ def _fsdp_bf16_grads(rank, world, result_file):
     dtypes each all-to-all carried."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from train.parallel.fsdp import _no_sync
 
+    mesh = init_device_mesh("cpu", (world,))  # gloo, on a machine with GPUs too
     all_gather, base = symm_comm._make_comms()["plain"]
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     grads, carried = {}, {}
@@ -176,11 +180,11 @@ def _fsdp_bf16_grads(rank, world, result_file):
             model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
             transport = symm_comm.GradTransport(torch.bfloat16)
             for layer in model:
-                fully_shard(layer, mp_policy=policy)
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
                 if custom:
                     layer.set_custom_all_gather(all_gather(layer, transport))
                     layer.set_custom_reduce_scatter(Recording(world, transport))
-            fully_shard(model, mp_policy=policy)
+            fully_shard(model, mesh=mesh, mp_policy=policy)
             x = [torch.randn(4, 16, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(2)]
             if how == "no_sync":
                 with _no_sync(model):

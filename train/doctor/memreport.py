@@ -66,6 +66,7 @@ def plan_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | 
         total_bytes=gpu_bytes or 0, capability=capability or (9, 0), host_bytes=host, local_world=gpus,
         symm_auto="all_gather" if job.parallel.strategy == "fsdp" and gpus > 1 else "none",
         norm_fp32=rms_norm_fp32_in_autocast(torch_version), cpu_offload=job.parallel.cpu_offload,
+        fsdp_symm_mem=job.parallel.fsdp_symm_mem,
         explicit=job.explicit_keys,
     )
     result = plan(inputs)
