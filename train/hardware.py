@@ -11,6 +11,8 @@ unless ``metrics.peak_tflops`` is given. Order matters: the first match wins.
 
 from __future__ import annotations
 
+import os
+
 PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
@@ -68,3 +70,12 @@ MXFP8_BACKENDS_BY_CAPABILITY: dict[tuple[int, int], tuple[str, ...]] = {
 
 def mxfp8_backends(capability: tuple[int, int]) -> tuple[str, ...]:
     return MXFP8_BACKENDS_BY_CAPABILITY.get(capability, ())
+
+
+def host_memory_bytes() -> int:
+    """This host's physical memory (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+

@@ -139,6 +139,19 @@ class PlanInputs:
     explicit: frozenset[str] = frozenset()  # keys the job set itself: never changed
 
 
+def job_inputs(job, dims) -> dict[str, Any]:
+    """The :class:`PlanInputs` fields that come from the job and its resolved mesh (``dims``: a
+    :class:`~train.parallel.dims.ParallelDims`); the machine's are the caller's."""
+    pcfg = job.parallel
+    return dict(
+        model=job.model, batch=job.train.batch_size, seq=job.train.seq_len, strategy=pcfg.strategy,
+        dp_shard=dims.dp_shard, tp=dims.tp, ac=pcfg.ac, compile=pcfg.compile,
+        fp8=job.fp8.resolved_recipe if job.fp8.backend != "none" else "none", fp8_backend=job.fp8.backend,
+        cpu_offload=pcfg.cpu_offload, fsdp_symm_mem=pcfg.fsdp_symm_mem,
+        explicit=frozenset(getattr(job, "explicit_keys", frozenset())),
+    )
+
+
 @dataclass
 class PlanResult:
     values: dict[str, Any] = field(default_factory=dict)

@@ -10,7 +10,6 @@ values are set on a copy of the job, which is what ``config.yaml`` then records.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import torch
@@ -22,7 +21,8 @@ from train import distributed as tdist
 from train.compat import rms_norm_fp32_in_autocast
 from train.config import JobConfig, set_key
 from train.errors import ConfigError
-from train.plan import PLAN_KEYS, PlanInputs, plan
+from train.hardware import host_memory_bytes
+from train.plan import PLAN_KEYS, PlanInputs, job_inputs, plan
 from train.precision import amp
 
 
@@ -44,19 +44,12 @@ def recorded_plan(out_dir: Path) -> dict:
     return out
 
 
-def _host_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
-
-
 def gather_inputs(job: JobConfig, info: tdist.DistInfo, dims) -> PlanInputs:
     """This run's :class:`PlanInputs` (a collective on CUDA: the least memory over the ranks)."""
     cuda = info.device.type == "cuda"
     free = total = 0
     capability = (0, 0)
-    host = _host_bytes()
+    host = host_memory_bytes()
     if cuda:
         free, total = torch.cuda.mem_get_info(info.device)
         capability = torch.cuda.get_device_capability(info.device)
@@ -67,15 +60,11 @@ def gather_inputs(job: JobConfig, info: tdist.DistInfo, dims) -> PlanInputs:
 
         symm = resolved_mode(replace_key(job, "parallel.fsdp_symm_mem", "auto"))
     return PlanInputs(
-        device=info.device.type, model=job.model, batch=job.train.batch_size, seq=job.train.seq_len,
-        world=info.world_size, strategy=job.parallel.strategy, dp_shard=dims.dp_shard, tp=dims.tp,
-        ac=job.parallel.ac, compile=job.parallel.compile, precision=amp.resolve_precision(job.train.precision, info.device),
-        fp8=job.fp8.resolved_recipe if job.fp8.backend != "none" else "none", fp8_backend=job.fp8.backend,
+        **job_inputs(job, dims), device=info.device.type, world=info.world_size,
+        precision=amp.resolve_precision(job.train.precision, info.device),
         total_bytes=total, free_bytes=free, capability=tuple(capability), host_bytes=host,
         local_world=tdist.env_int("LOCAL_WORLD_SIZE", info.world_size), symm_auto=symm,
-        norm_fp32=rms_norm_fp32_in_autocast(torch.__version__), cpu_offload=job.parallel.cpu_offload,
-        fsdp_symm_mem=job.parallel.fsdp_symm_mem,
-        explicit=frozenset(getattr(job, "explicit_keys", frozenset())),
+        norm_fp32=rms_norm_fp32_in_autocast(torch.__version__),
     )
 
 

@@ -16,6 +16,7 @@ from core.runlayout import ASIDE_PREFIX, RUN_OWNED, check_not_in_run
 from core.safety import check_output_target, control_chars, excerpt, excerpt_path, probe_path, reserved_local_path
 from train.config import JobConfig
 from train.errors import ConfigError
+from train.hardware import host_memory_bytes
 from train.memory import floor_bytes
 from train.models.registry import param_count
 from train.parallel.config import check_offload_device
@@ -94,11 +95,6 @@ def may_offload(job: JobConfig, dims: ParallelDims) -> bool:
     pcfg = job.parallel
     return (job.train.device != "cpu" and "parallel.cpu_offload" not in getattr(job, "explicit_keys", ())
             and not offload_unavailable(pcfg.strategy, dims.tp, job.fp8.backend, pcfg.fsdp_symm_mem))
-
-
-def host_memory_bytes() -> int:
-    """This host's physical memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def device_memory(job: JobConfig) -> tuple[str, int]:

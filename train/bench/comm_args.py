@@ -119,7 +119,8 @@ def _check_fits(largest: int, p2p: int, world: int, backend: str) -> None:
     """The largest message's buffers (a message is the larger side of a collective, as in
     nccl-tests: its input and output at most) and the P2P buffer fit the memory each process
     has: a GPU's, or its share of the host's memory with gloo."""
-    from train.preflight import host_memory_bytes, local_gpu
+    from train.hardware import host_memory_bytes
+    from train.preflight import local_gpu
 
     need = max(2 * largest, p2p)
     if backend == "nccl":  # this rank's GPU

@@ -16,7 +16,7 @@ from train.memory import (
 )
 from train.models.registry import PRESETS as MODEL_PRESETS
 from train.models.registry import param_count
-from train.plan import PLAN_KEYS, PlanInputs, plan
+from train.plan import PLAN_KEYS, PlanInputs, job_inputs, plan
 
 
 def memory_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | None, source: str,
@@ -45,29 +45,19 @@ def plan_section(preset: str, seq: int, batch: int, gpus: int, gpu_bytes: int | 
                  capability: tuple[int, int] | None, torch_version: str) -> dict:
     """What the automatic plan (``train.plan``) would choose for ``train run --config PRESET``
     (the preset's config where one exists) on ``gpus`` GPUs of ``gpu_bytes`` each, in one node."""
-    import os
-
     from train.config import CONFIG_DIR, load_config
+    from train.hardware import host_memory_bytes
     from train.parallel.dims import ParallelDims
 
     named = (CONFIG_DIR / f"{preset}.yaml").is_file()
     job = load_config(preset if named else None, [*([] if named else [f"model.name={preset}"]),
                                                   f"train.seq_len={seq}", f"train.batch_size={batch}"])
     dims = ParallelDims.from_job(job, gpus)
-    try:
-        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        host = 0
     inputs = PlanInputs(
-        device="cuda" if gpu_bytes else "cpu", model=job.model, batch=batch, seq=seq, world=gpus,
-        strategy=job.parallel.strategy, dp_shard=dims.dp_shard, tp=dims.tp, ac=job.parallel.ac,
-        compile=job.parallel.compile, fp8=job.fp8.resolved_recipe if job.fp8.backend != "none" else "none",
-        fp8_backend=job.fp8.backend,
-        total_bytes=gpu_bytes or 0, capability=capability or (9, 0), host_bytes=host, local_world=gpus,
+        **job_inputs(job, dims), device="cuda" if gpu_bytes else "cpu", world=gpus,
+        total_bytes=gpu_bytes or 0, capability=capability or (9, 0), host_bytes=host_memory_bytes(), local_world=gpus,
         symm_auto="all_gather" if job.parallel.strategy == "fsdp" and gpus > 1 else "none",
-        norm_fp32=rms_norm_fp32_in_autocast(torch_version), cpu_offload=job.parallel.cpu_offload,
-        fsdp_symm_mem=job.parallel.fsdp_symm_mem,
-        explicit=job.explicit_keys,
+        norm_fp32=rms_norm_fp32_in_autocast(torch_version),
     )
     result = plan(inputs)
     line = result.line(inputs) + (f" -- would stop: {result.problem}" if result.problem else "")
