@@ -1,4 +1,4 @@
-"""GPU facts used by metrics and the setup checker.
+"""GPU facts used by metrics and the setup checker, and this host's memory.
 
 Peak dense BF16 tensor-core rates per GPU, from NVIDIA's datasheets (the datasheets
 quote "with sparsity" figures; dense is half of those):
