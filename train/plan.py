@@ -54,6 +54,7 @@ from train.memory import GiB, block_activation_bytes, estimate
 from train.memory import Plan as Layout
 from train.models.presets import ModelConfig
 from train.models.registry import param_count
+from train.parallel.config import offload_unavailable
 
 # The keys the plan decides when the job leaves them unset.
 PLAN_KEYS = (
@@ -179,12 +180,17 @@ def _set(res: PlanResult, inputs: PlanInputs, key: str, value: Any) -> bool:
     return False
 
 
+def card_bytes(inputs: PlanInputs) -> int:
+    """The card's memory this process may use: all of it, or less what other processes hold on
+    it: the free memory at start plus :data:`OWN_BYTES` (this process's CUDA context and NCCL
+    buffers)."""
+    return min(inputs.total_bytes, inputs.free_bytes + OWN_BYTES) if inputs.free_bytes else inputs.total_bytes
+
+
 def memory_budget(inputs: PlanInputs) -> int:
-    """Bytes the allocator may reserve: the card's memory less :data:`HEADROOM_BYTES`, or less
-    what other processes hold on it: the free memory at start plus :data:`OWN_BYTES` (this
-    process's CUDA context and NCCL buffers, which the headroom already covers)."""
-    seen = min(inputs.total_bytes, inputs.free_bytes + OWN_BYTES) if inputs.free_bytes else inputs.total_bytes
-    return max(0, seen - HEADROOM_BYTES)
+    """Bytes the allocator may reserve: :func:`card_bytes` less :data:`HEADROOM_BYTES` (which
+    covers this process's own share as well)."""
+    return max(0, card_bytes(inputs) - HEADROOM_BYTES)
 
 
 def layout(inputs: PlanInputs, ac: str | None = None) -> Layout:
@@ -275,19 +281,6 @@ def _state_bytes(inputs: PlanInputs) -> int:
     return 16 * param_count(inputs.model) // max(1, inputs.dp_shard * inputs.tp if inputs.strategy == "fsdp" else 1)
 
 
-def offload_unavailable(strategy: str, tp: int, fp8_backend: str, fsdp_symm_mem: str) -> str:
-    """Why FSDP2's CPU offload cannot serve a job with these settings ("" where it can)."""
-    if strategy != "fsdp":
-        return "parallel.cpu_offload needs parallel.strategy=fsdp"
-    if tp > 1:
-        return "parallel.cpu_offload is not available with parallel.tp > 1"
-    if fp8_backend == "te":
-        return "parallel.cpu_offload is not planned with fp8.backend=te"
-    if fsdp_symm_mem in ("all_gather", "all"):
-        return f"parallel.cpu_offload is not available with parallel.fsdp_symm_mem={fsdp_symm_mem}"
-    return ""
-
-
 def _offload(inputs: PlanInputs, res: PlanResult) -> PlanInputs:
     """``parallel.cpu_offload`` where the state cannot stay on the card but the host holds it
     (the inputs the rest of the plan sees: with the offload); a stop where neither holds it."""
@@ -317,7 +310,7 @@ def _offload(inputs: PlanInputs, res: PlanResult) -> PlanInputs:
         if inputs.fp8 == "tensorwise" and _set(res, inputs, "fp8.fsdp_float8_all_gather", False):
             res.reasons.append("FP8 weights all-gathered in bf16 (their scales need the weights on the GPU)")
         return replace(inputs, cpu_offload=True)
-    seen = min(inputs.total_bytes, inputs.free_bytes + OWN_BYTES) if inputs.free_bytes else inputs.total_bytes
+    seen = card_bytes(inputs)
     if state > seen:  # cannot fit the card whatever the plan
         res.problem = (f"{where}: its parameters, gradients and optimizer state alone take {state / GiB:.1f} GiB "
                        f"of the card's {seen / GiB:.1f} GiB; shard them over more GPUs ({blocked})")
@@ -327,7 +320,7 @@ def _offload(inputs: PlanInputs, res: PlanResult) -> PlanInputs:
 def _checkpoint(inputs: PlanInputs, res: PlanResult) -> None:
     state = _state_bytes(inputs)
     staged = state * inputs.local_world
-    host = inputs.host_bytes - (staged if res.values.get("parallel.cpu_offload", inputs.cpu_offload) else 0)
+    host = inputs.host_bytes - (staged if inputs.cpu_offload else 0)
     if inputs.host_bytes and staged <= ASYNC_HOST_FRACTION * host:
         if _set(res, inputs, "checkpoint.async_save", True):
             res.reasons.append(f"async checkpoints ({staged / GiB:.0f} of {inputs.host_bytes / GiB:.0f} GiB host)")

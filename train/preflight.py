@@ -19,9 +19,8 @@ from train.errors import ConfigError
 from train.hardware import host_memory_bytes
 from train.memory import floor_bytes
 from train.models.registry import param_count
-from train.parallel.config import check_offload_device
+from train.parallel.config import check_offload_device, offload_unavailable
 from train.parallel.dims import ParallelDims
-from train.plan import offload_unavailable
 from train.precision.fp8 import check_float8
 
 # gradient-accumulation micro-batches per optimizer step beyond which global_batch_size is a typo

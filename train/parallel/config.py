@@ -119,6 +119,22 @@ class ParallelConfig:
             raise ConfigError(f"parallel.compile_backend: must be inductor or aot_eager, got {self.compile_backend!r}")
 
 
+def offload_unavailable(strategy: str, tp: int, fp8_backend: str, fsdp_symm_mem: str) -> str:
+    """Why FSDP2's CPU offload cannot serve a job with these settings ("" where it can), for the
+    automatic plan and the start-up checks: the settings :meth:`ParallelConfig.validate` and
+    :meth:`train.parallel.dims.ParallelDims.from_job` refuse together with ``cpu_offload``, and
+    Transformer Engine's layers, with which the plan does not offload."""
+    if strategy != "fsdp":
+        return "parallel.cpu_offload needs parallel.strategy=fsdp"
+    if tp > 1:
+        return "parallel.cpu_offload is not available with parallel.tp > 1"
+    if fp8_backend == "te":
+        return "parallel.cpu_offload is not planned with fp8.backend=te"
+    if fsdp_symm_mem in ("all_gather", "all"):
+        return f"parallel.cpu_offload is not available with parallel.fsdp_symm_mem={fsdp_symm_mem}"
+    return ""
+
+
 def check_offload_device(job) -> None:
     """parallel.cpu_offload on a machine without a GPU (the layout rules are in
     :meth:`train.parallel.dims.ParallelDims.from_job`)."""
